@@ -1,0 +1,39 @@
+"""Model layer: one decoder for Qwen2.5 and LLaMA-3.1, HF checkpoint I/O, mesh sharding."""
+
+from rcgrpo_jax.models.api import (
+    Params,
+    apply,
+    forward,
+    init_params,
+    param_logical_axes,
+    param_shapes,
+    param_shardings,
+    positions_from_mask,
+    resize_vocab,
+)
+from rcgrpo_jax.models.config import ModelConfig, RopeScaling
+from rcgrpo_jax.models.decoder import KVCache, init_cache
+from rcgrpo_jax.models.hf_io import CheckpointError, config_from_hf, load_hf, save_hf
+from rcgrpo_jax.models.sharding import make_mesh, use_mesh
+
+__all__ = [
+    "CheckpointError",
+    "KVCache",
+    "ModelConfig",
+    "Params",
+    "RopeScaling",
+    "apply",
+    "config_from_hf",
+    "forward",
+    "init_cache",
+    "init_params",
+    "load_hf",
+    "make_mesh",
+    "param_logical_axes",
+    "param_shapes",
+    "param_shardings",
+    "positions_from_mask",
+    "resize_vocab",
+    "save_hf",
+    "use_mesh",
+]

@@ -1,0 +1,128 @@
+"""Functional entry points over the Linen decoder: params are plain pytrees of arrays."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+
+from rcgrpo_jax.models import sharding
+from rcgrpo_jax.models.config import ModelConfig
+from rcgrpo_jax.models.decoder import Decoder, KVCache
+
+Params = dict[str, Any]
+
+
+def _dummy_inputs() -> tuple[jax.Array, jax.Array, jax.Array]:
+    z = jnp.zeros((1, 1), jnp.int32)
+    return z, z, z + 1
+
+
+@functools.lru_cache(maxsize=32)
+def _boxed_shapes(cfg: ModelConfig):
+    return jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), *_dummy_inputs())["params"])
+
+
+def param_shapes(cfg: ModelConfig) -> Params:
+    """Abstract params (ShapeDtypeStruct leaves) — no memory is allocated."""
+    return nn.meta.unbox(_boxed_shapes(cfg))
+
+
+def param_logical_axes(cfg: ModelConfig) -> Params:
+    """Pytree of logical-axis tuples, one per weight, as declared in the modules."""
+    specs = nn.get_partition_spec(_boxed_shapes(cfg))
+    return jax.tree.map(tuple, specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+
+
+def param_shardings(cfg: ModelConfig, mesh: Mesh) -> Params:
+    return sharding.tree_shardings(mesh, param_logical_axes(cfg), param_shapes(cfg))
+
+
+def init_params(cfg: ModelConfig, rng: jax.Array, mesh: Mesh | None = None) -> Params:
+    """Random params (the tiny from-scratch model); created sharded when a mesh is given."""
+
+    def init(key):
+        return nn.meta.unbox(Decoder(cfg).init(key, *_dummy_inputs())["params"])
+
+    out_shardings = None if mesh is None else param_shardings(cfg, mesh)
+    with sharding.use_mesh(mesh):
+        return jax.jit(init, out_shardings=out_shardings)(rng)
+
+
+def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
+    """Per-row positions that start at 0 on the first real token (left padding shifts nothing)."""
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def apply(
+    cfg: ModelConfig,
+    params: Params,
+    tokens: jax.Array,
+    positions: jax.Array,
+    segments: jax.Array,
+    cache: KVCache | None = None,
+    logits_at: jax.Array | None = None,
+) -> tuple[jax.Array, KVCache | None]:
+    """The decoder as a pure function (call it inside your own jit)."""
+    return Decoder(cfg).apply({"params": params}, tokens, positions, segments, cache, logits_at)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(cfg: ModelConfig, params: Params, tokens: jax.Array, attention_mask: jax.Array):
+    mask = attention_mask.astype(jnp.int32)
+    logits, _ = apply(cfg, params, tokens, positions_from_mask(mask), mask)
+    return logits
+
+
+def forward(
+    cfg: ModelConfig, params: Params, tokens: jax.Array, attention_mask: jax.Array | None = None
+) -> jax.Array:
+    """Logits [B, T, V] in float32. attention_mask: 1 = real token, 0 = padding (left or right).
+
+    Sharded params run sharded; activations follow the mesh of the surrounding `use_mesh` context,
+    or that of the params when there is none.
+    """
+    tokens = jnp.asarray(tokens, jnp.int32)
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be [batch, length], got shape {tokens.shape}")
+    if attention_mask is None:
+        attention_mask = jnp.ones_like(tokens)
+    mesh = _params_mesh(params)
+    if mesh is not None and jax.sharding.get_abstract_mesh().empty:
+        with sharding.use_mesh(mesh):
+            return _forward(cfg, params, tokens, jnp.asarray(attention_mask))
+    return _forward(cfg, params, tokens, jnp.asarray(attention_mask))
+
+
+def _params_mesh(params: Params) -> Mesh | None:
+    leaf = jax.tree.leaves(params)[0]
+    s = getattr(leaf, "sharding", None)
+    return s.mesh if isinstance(s, NamedSharding) and s.mesh.size > 1 else None
+
+
+def resize_vocab(cfg: ModelConfig, params: Params, vocab_size: int) -> tuple[ModelConfig, Params]:
+    """Grows the vocabulary (e.g. for reward tokens): new embedding rows — and new columns of an
+    untied lm_head — are the mean of the old ones, so new tokens start as an "average" token."""
+    extra = vocab_size - cfg.vocab_size
+    if extra < 0:
+        raise ValueError(f"cannot shrink vocab from {cfg.vocab_size} to {vocab_size}")
+    if extra == 0:
+        return cfg, params
+    new_cfg = cfg.replace(vocab_size=vocab_size)
+    mesh = _params_mesh(params)
+
+    def grow(w: jax.Array, axis: int) -> jax.Array:
+        mean = jnp.mean(w.astype(jnp.float32), axis=axis, keepdims=True).astype(w.dtype)
+        return jnp.concatenate([w, jnp.repeat(mean, extra, axis=axis)], axis=axis)
+
+    out = dict(params)
+    out["embedding"] = grow(params["embedding"], 0)
+    if not cfg.tie_embeddings:
+        out["lm_head"] = grow(params["lm_head"], 1)
+    if mesh is not None:
+        out = jax.device_put(out, param_shardings(new_cfg, mesh))
+    return new_cfg, out

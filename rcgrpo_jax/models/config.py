@@ -1,0 +1,89 @@
+"""Architecture config shared by Qwen2.5 and LLaMA-3.1 (one decoder, a few flags)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """LLaMA-3.1's "llama3" frequency scaling (low frequencies stretched by `factor`)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hashable, so it can be a static argument of jitted functions."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    qkv_bias: bool = False
+    tie_embeddings: bool = False
+    max_position_embeddings: int = 32768
+    family: str = "qwen2"  # "qwen2" | "llama": only used to name the HF architecture on export
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    dtype: str = "float32"  # compute dtype of matmuls; norms and softmax always accumulate in f32
+    param_dtype: str = "float32"
+    remat: str = "none"  # one of REMAT_POLICIES
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"remat={self.remat!r}; expected one of {REMAT_POLICIES}")
+        if self.family not in ("qwen2", "llama"):
+            raise ValueError(f"family={self.family!r}; expected 'qwen2' or 'llama'")
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def weight_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.param_dtype)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    def num_params(self) -> int:
+        """Parameter count, for FLOP and memory estimates."""
+        e, h, kv, d = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
+        attn = e * h * d * 2 + e * kv * d * 2 + (h + 2 * kv) * d * self.qkv_bias
+        layer = attn + 3 * e * self.intermediate_size + 2 * e
+        embed = self.vocab_size * e * (1 if self.tie_embeddings else 2)
+        return self.num_layers * layer + embed + e
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
+        """Builds a config from a flat mapping (e.g. an ml_collections section); unknown keys raise."""
+        d = dict(d)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - fields)
+        if unknown:
+            raise ValueError(f"unknown model config keys: {', '.join(unknown)}")
+        if d.get("rope_scaling") is not None and not isinstance(d["rope_scaling"], RopeScaling):
+            d["rope_scaling"] = RopeScaling(**dict(d["rope_scaling"]))
+        if isinstance(d.get("eos_token_id"), list):
+            d["eos_token_id"] = tuple(d["eos_token_id"])
+        return cls(**d)

@@ -1,0 +1,475 @@
+"""Hugging Face checkpoints in and out, tensor by tensor.
+
+Loading never materialises the whole model on the host: each weight is read from its safetensors
+file only for the slice a device needs (`jax.make_array_from_callback`), converted, and placed on
+the mesh; saving fetches one weight at a time. The safetensors format (an 8-byte header length, a
+JSON header, raw little-endian data) is read and written directly so that bf16 needs no torch and
+every error can name the file and the tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax.sharding import Mesh
+
+from rcgrpo_jax.models import api
+from rcgrpo_jax.models.config import ModelConfig, RopeScaling
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not match its config; names file and tensor."""
+
+
+_ST_DTYPES = {
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+# Buffers some old exports carry; recomputed here, so skipping them loses nothing.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+# ----------------------------------------------------------------------------- config mapping
+
+
+def config_from_hf(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
+    """Maps a transformers config.json (v4 `rope_scaling` or v5 `rope_parameters`) to ours."""
+    model_type = hf.get("model_type")
+    if model_type not in ("qwen2", "llama"):
+        raise CheckpointError(f"config.json: model_type {model_type!r} is not supported (qwen2, llama)")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"config.json: hidden_act {hf['hidden_act']!r} is not supported (silu)")
+    if hf.get("mlp_bias") or (model_type == "llama" and hf.get("attention_bias")):
+        raise CheckpointError("config.json: llama attention_bias/mlp_bias are not supported")
+    if hf.get("use_sliding_window"):
+        raise CheckpointError("config.json: use_sliding_window=true is not supported")
+    rope = dict(hf.get("rope_parameters") or {})
+    legacy = dict(hf.get("rope_scaling") or {})
+    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    scaling = rope if rope.get("rope_type", "default") != "default" else legacy
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "llama3":
+        rope_scaling = RopeScaling(
+            factor=float(scaling["factor"]),
+            low_freq_factor=float(scaling["low_freq_factor"]),
+            high_freq_factor=float(scaling["high_freq_factor"]),
+            original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+        )
+    elif rope_type == "default":
+        rope_scaling = None
+    else:
+        raise CheckpointError(f"config.json: rope type {rope_type!r} is not supported (default, llama3)")
+    heads = int(hf["num_attention_heads"])
+    eos = hf.get("eos_token_id")
+    fields = dict(
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=int(hf["hidden_size"]),
+        intermediate_size=int(hf["intermediate_size"]),
+        num_layers=int(hf["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        head_dim=int(hf.get("head_dim") or hf["hidden_size"] // heads),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=rope_scaling,
+        qkv_bias=model_type == "qwen2",
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
+        family=model_type,
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+    )
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+def config_to_hf(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
+    rope: dict[str, Any] = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
+    if cfg.rope_scaling is not None:
+        rope.update(dataclasses.asdict(cfg.rope_scaling), rope_type="llama3")
+    eos = cfg.eos_token_id
+    out: dict[str, Any] = {
+        "architectures": ["Qwen2ForCausalLM" if cfg.family == "qwen2" else "LlamaForCausalLM"],
+        "model_type": cfg.family,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_parameters": rope,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": list(eos) if isinstance(eos, tuple) else eos,
+        "dtype": dtype,
+    }
+    if cfg.family == "llama":
+        out.update(attention_bias=False, mlp_bias=False)
+    if cfg.qkv_bias != (cfg.family == "qwen2"):
+        raise CheckpointError(f"cannot export qkv_bias={cfg.qkv_bias} as a {cfg.family} checkpoint")
+    return out
+
+
+# ----------------------------------------------------------------------------- weight mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class _Weight:
+    """One of our weights and the HF tensor(s) it corresponds to."""
+
+    path: tuple[str, ...]  # key path in our param tree
+    hf_name: str  # "{i}" is the layer index for per-layer weights
+    to_ours: Callable[[np.ndarray, ModelConfig], np.ndarray]
+    to_hf: Callable[[np.ndarray, ModelConfig], np.ndarray]
+
+    @property
+    def per_layer(self) -> bool:
+        return "{i}" in self.hf_name
+
+
+def _same(w, cfg):
+    return w
+
+
+def _t(w, cfg):
+    return w.T
+
+
+def _heads_in(n_heads: Callable[[ModelConfig], int]):
+    """HF [heads*D, E] -> ours [E, heads, D], and back."""
+    return (
+        lambda w, c: w.T.reshape(c.hidden_size, n_heads(c), c.head_dim),
+        lambda w, c: w.reshape(c.hidden_size, n_heads(c) * c.head_dim).T,
+    )
+
+
+def _bias(n_heads: Callable[[ModelConfig], int]):
+    return (
+        lambda w, c: w.reshape(n_heads(c), c.head_dim),
+        lambda w, c: w.reshape(n_heads(c) * c.head_dim),
+    )
+
+
+_Q = _heads_in(lambda c: c.num_heads)
+_KV = _heads_in(lambda c: c.num_kv_heads)
+_O = (
+    lambda w, c: w.T.reshape(c.num_heads, c.head_dim, c.hidden_size),
+    lambda w, c: w.reshape(c.num_heads * c.head_dim, c.hidden_size).T,
+)
+_L = "model.layers.{i}."
+
+
+def weight_map(cfg: ModelConfig) -> list[_Weight]:
+    """The one table mapping our param tree to transformers' tensor names and layouts."""
+    w = [
+        _Weight(("embedding",), "model.embed_tokens.weight", _same, _same),
+        _Weight(("layers", "attn", "wq"), _L + "self_attn.q_proj.weight", *_Q),
+        _Weight(("layers", "attn", "wk"), _L + "self_attn.k_proj.weight", *_KV),
+        _Weight(("layers", "attn", "wv"), _L + "self_attn.v_proj.weight", *_KV),
+        _Weight(("layers", "attn", "wo"), _L + "self_attn.o_proj.weight", *_O),
+        _Weight(("layers", "attn_norm", "scale"), _L + "input_layernorm.weight", _same, _same),
+        _Weight(("layers", "mlp_norm", "scale"), _L + "post_attention_layernorm.weight", _same, _same),
+        _Weight(("layers", "mlp", "w_gate"), _L + "mlp.gate_proj.weight", _t, _t),
+        _Weight(("layers", "mlp", "w_up"), _L + "mlp.up_proj.weight", _t, _t),
+        _Weight(("layers", "mlp", "w_down"), _L + "mlp.down_proj.weight", _t, _t),
+        _Weight(("final_norm", "scale"), "model.norm.weight", _same, _same),
+    ]
+    if cfg.qkv_bias:
+        w += [
+            _Weight(("layers", "attn", "bq"), _L + "self_attn.q_proj.bias", *_bias(lambda c: c.num_heads)),
+            _Weight(("layers", "attn", "bk"), _L + "self_attn.k_proj.bias", *_bias(lambda c: c.num_kv_heads)),
+            _Weight(("layers", "attn", "bv"), _L + "self_attn.v_proj.bias", *_bias(lambda c: c.num_kv_heads)),
+        ]
+    if not cfg.tie_embeddings:
+        w.append(_Weight(("lm_head",), "lm_head.weight", _t, _t))
+    return w
+
+
+def _get(tree: dict, path: Sequence[str]):
+    for k in path:
+        tree = tree[k]
+    return tree
+
+
+def _set(tree: dict, path: Sequence[str], value) -> None:
+    for k in path[:-1]:
+        tree = tree.setdefault(k, {})
+    tree[path[-1]] = value
+
+
+# ----------------------------------------------------------------------------- safetensors
+
+
+@dataclasses.dataclass(frozen=True)
+class _TensorInfo:
+    file: Path
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+
+class SafetensorsReader:
+    """Index of every tensor in a checkpoint directory (single file or sharded with an index)."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        index = self.directory / "model.safetensors.index.json"
+        if index.exists():
+            try:
+                weight_map_ = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError) as e:
+                raise CheckpointError(f"{index}: unreadable index ({e})") from e
+            files = sorted({self.directory / f for f in weight_map_.values()})
+        else:
+            files = sorted(self.directory.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(f"{self.directory}: no *.safetensors files")
+        self.tensors: dict[str, _TensorInfo] = {}
+        for f in files:
+            self.tensors.update(self._read_header(f))
+
+    @staticmethod
+    def _read_header(path: Path) -> dict[str, _TensorInfo]:
+        if not path.exists():
+            raise CheckpointError(f"{path}: listed in the index but missing")
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            raw = fh.read(8)
+            if len(raw) < 8:
+                raise CheckpointError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+            (n,) = struct.unpack("<Q", raw)
+            if n > size - 8:
+                raise CheckpointError(f"{path}: header length {n} exceeds file size {size}")
+            try:
+                header = json.loads(fh.read(n))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise CheckpointError(f"{path}: unreadable safetensors header ({e})") from e
+        out = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            if info.get("dtype") not in _ST_DTYPES:
+                raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {info.get('dtype')}")
+            begin, end = info["data_offsets"]
+            dtype = _ST_DTYPES[info["dtype"]]
+            shape = tuple(info["shape"])
+            if end - begin != int(np.prod(shape)) * dtype.itemsize or 8 + n + end > size:
+                raise CheckpointError(
+                    f"{path}: tensor {name!r} bytes [{begin}, {end}) do not fit shape {shape} "
+                    f"{info['dtype']} within the file ({size} bytes; truncated?)"
+                )
+            out[name] = _TensorInfo(path, dtype, shape, 8 + n + begin, end - begin)
+        return out
+
+    def info(self, name: str) -> _TensorInfo:
+        if name not in self.tensors:
+            raise CheckpointError(f"{self.directory}: missing tensor {name!r}")
+        return self.tensors[name]
+
+    def read(self, name: str) -> np.ndarray:
+        t = self.info(name)
+        arr = np.fromfile(t.file, dtype=t.dtype, count=t.nbytes // t.dtype.itemsize, offset=t.offset)
+        return arr.reshape(t.shape)
+
+
+def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...], np.dtype]],
+                       fetch: Callable[[str], np.ndarray]) -> None:
+    """Writes tensors fetched one at a time; the header is laid out from shapes first."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape, dtype in tensors:
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        header[name] = {"dtype": _ST_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(blob)))
+        fh.write(blob)
+        for name, shape, dtype in tensors:
+            arr = np.ascontiguousarray(fetch(name), dtype=dtype)
+            if arr.shape != tuple(shape):
+                raise CheckpointError(f"{path}: tensor {name!r} has shape {arr.shape}, expected {shape}")
+            fh.write(arr.tobytes())
+
+
+# ----------------------------------------------------------------------------- load / save
+
+
+def _hf_names(w: _Weight, cfg: ModelConfig) -> list[str]:
+    return [w.hf_name.format(i=i) for i in range(cfg.num_layers)] if w.per_layer else [w.hf_name]
+
+
+def load_hf(
+    path: str | os.PathLike,
+    dtype: Any = jnp.float32,
+    mesh: Mesh | None = None,
+    *,
+    compute_dtype: Any = None,
+    **config_overrides: Any,
+) -> tuple[ModelConfig, api.Params]:
+    """Reads config.json + safetensors into (cfg, params), sharded over `mesh` when given.
+
+    `dtype` is the parameter dtype; `compute_dtype` defaults to it (e.g. f32 params with bf16
+    compute for training). Other ModelConfig fields (remat, ...) can be overridden by keyword.
+    """
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise CheckpointError(f"{path}: no config.json (is this a Hugging Face model directory?)")
+    try:
+        hf = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_file}: unreadable ({e})") from e
+    overrides = {
+        "param_dtype": jnp.dtype(dtype).name,
+        "dtype": jnp.dtype(compute_dtype or dtype).name,
+        **config_overrides,
+    }
+    cfg = config_from_hf(hf, **overrides)
+    reader = SafetensorsReader(path)
+    shapes = api.param_shapes(cfg)
+    shardings = api.param_shardings(cfg, mesh) if mesh is not None else None
+    device = jax.devices()[0]
+    table = weight_map(cfg)
+
+    expected = {n for w in table for n in _hf_names(w, cfg)}
+    if cfg.tie_embeddings:
+        expected.add("lm_head.weight")  # some tied exports carry it; it equals the embedding
+    extra = sorted(
+        n for n in reader.tensors if n not in expected and not n.endswith(_IGNORED_SUFFIXES)
+    )
+    if extra:
+        raise CheckpointError(f"{path}: unexpected tensors for a {cfg.family} config: {extra[:5]}")
+
+    params: dict[str, Any] = {}
+    for w in table:
+        target = _get(shapes, w.path)
+        names = _hf_names(w, cfg)
+        layer_shape = target.shape[1:] if w.per_layer else target.shape
+        for n in names:
+            got = reader.info(n).shape
+            want = w.to_hf(np.empty(layer_shape, np.bool_), cfg).shape
+            if tuple(got) != tuple(want):
+                raise CheckpointError(
+                    f"{reader.info(n).file}: tensor {n!r} has shape {tuple(got)}, config expects {tuple(want)}"
+                )
+        target_dtype = cfg.weight_dtype
+
+        def load_slice(index: tuple[slice, ...], w=w, names=names, dtype=target_dtype):
+            if not w.per_layer:
+                return w.to_ours(reader.read(names[0]), cfg)[index].astype(dtype)
+            layers = range(len(names))[index[0]]
+            return np.stack(
+                [w.to_ours(reader.read(names[i]), cfg)[index[1:]].astype(dtype) for i in layers]
+            )
+
+        sharding = _get(shardings, w.path) if shardings is not None else jax.sharding.SingleDeviceSharding(device)
+        _set(params, w.path, _make_array(target.shape, sharding, load_slice))
+    return cfg, params
+
+
+def _make_array(shape, sharding, load_slice) -> jax.Array:
+    memo: dict[Any, np.ndarray] = {}  # replicated shards ask for the same slice on every device
+
+    def cb(index):
+        key = tuple((s.start, s.stop, s.step) for s in index)
+        if key not in memo:
+            memo[key] = load_slice(index)
+        return memo[key]
+
+    return jax.make_array_from_callback(tuple(shape), sharding, cb)
+
+
+def save_hf(
+    path: str | os.PathLike,
+    cfg: ModelConfig,
+    params: api.Params,
+    *,
+    dtype: Any = None,
+    tokenizer: Any = None,
+    max_shard_bytes: int = 5 * 2**30,
+) -> None:
+    """Writes a directory that `transformers.AutoModelForCausalLM.from_pretrained` loads."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    out_dtype = np.dtype(jnp.dtype(dtype or cfg.param_dtype))
+    if out_dtype not in _ST_NAMES:
+        raise CheckpointError(f"cannot write dtype {out_dtype} to safetensors")
+    table = weight_map(cfg)
+    tensors: list[tuple[str, tuple[int, ...], np.dtype]] = []
+    source: dict[str, tuple[_Weight, int | None]] = {}
+    for w in table:
+        leaf = _get(params, w.path)
+        layer_shape = leaf.shape[1:] if w.per_layer else leaf.shape
+        shape = w.to_hf(np.empty(layer_shape, np.bool_), cfg).shape
+        for i, n in enumerate(_hf_names(w, cfg)):
+            tensors.append((n, tuple(shape), out_dtype))
+            source[n] = (w, i if w.per_layer else None)
+
+    shards = list(_split_shards(tensors, max_shard_bytes))
+    cache: dict[tuple[str, ...], np.ndarray] = {}
+
+    def fetch(name: str) -> np.ndarray:
+        w, i = source[name]
+        if w.path not in cache:
+            cache.clear()  # one of our (stacked) weights on the host at a time
+            cache[w.path] = np.asarray(jax.device_get(_get(params, w.path)))
+        arr = cache[w.path] if i is None else cache[w.path][i]
+        return w.to_hf(arr, cfg)
+
+    files = ["model.safetensors"] if len(shards) == 1 else [
+        f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))
+    ]
+    for fname, shard in zip(files, shards, strict=True):
+        _write_safetensors(path / fname, shard, fetch)
+    if len(shards) > 1:
+        index = {
+            "metadata": {"total_size": sum(int(np.prod(s)) * d.itemsize for _, s, d in tensors)},
+            "weight_map": {n: f for f, shard in zip(files, shards, strict=True) for n, _, _ in shard},
+        }
+        (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    elif (path / "model.safetensors.index.json").exists():
+        (path / "model.safetensors.index.json").unlink()
+    hf = config_to_hf(cfg, dtype=jnp.dtype(out_dtype).name)
+    (path / "config.json").write_text(json.dumps(hf, indent=2))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(path))
+
+
+def _split_shards(tensors, max_bytes: int) -> Iterator[list]:
+    shard: list = []
+    size = 0
+    for t in tensors:
+        nbytes = int(np.prod(t[1])) * t[2].itemsize
+        if shard and size + nbytes > max_bytes:
+            yield shard
+            shard, size = [], 0
+        shard.append(t)
+        size += nbytes
+    if shard:
+        yield shard
