@@ -76,7 +76,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
-        """Builds a config from a flat mapping (e.g. an ml_collections section); unknown keys raise."""
+        """From a flat mapping (e.g. an ml_collections section); unknown keys raise."""
         d = dict(d)
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - fields)

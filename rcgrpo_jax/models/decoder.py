@@ -26,7 +26,9 @@ from rcgrpo_jax.models.sharding import constrain
 _MASKED = -1e30  # finite, so rows with no visible key (padding queries) give no NaN
 
 
-def _param(module: nn.Module, name: str, init, shape: tuple[int, ...], axes: tuple[str, ...], dtype):
+def _param(
+    module: nn.Module, name: str, init, shape: tuple[int, ...], axes: tuple[str, ...], dtype
+):
     """Declares a weight once, with its shape and logical axes."""
     return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
@@ -66,7 +68,9 @@ class RMSNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("norm",), self.param_dtype)
+        scale = _param(
+            self, "scale", nn.initializers.ones, (x.shape[-1],), ("norm",), self.param_dtype
+        )
         xf = x.astype(jnp.float32)
         y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
         return scale.astype(x.dtype) * y.astype(x.dtype)
@@ -74,8 +78,8 @@ class RMSNorm(nn.Module):
 
 @flax.struct.dataclass
 class KVCache:
-    """Per-row KV cache. `segments[b, s]` is 1 where slot s holds a real token; `end[b]` is the next
-    free slot of row b (chunks are appended there, so rows of a batch may have different lengths)."""
+    """Per-row KV cache. `segments[b, s]` is 1 where slot s holds a real token; `end[b]` is the
+    next free slot of row b (chunks are appended there, so rows may have different lengths)."""
 
     k: jax.Array  # [L, B, S, KV, D]
     v: jax.Array  # [L, B, S, KV, D]
@@ -132,7 +136,9 @@ class Attention(nn.Module):
             k = k + _param(self, "bk", zeros, (kv, d), ("kv_heads", "head_dim"), pd).astype(cd)
             v = v + _param(self, "bv", zeros, (kv, d), ("kv_heads", "head_dim"), pd).astype(cd)
         inv_freq = rope_inv_freq(cfg)
-        q = constrain(apply_rope(q, positions, inv_freq), ("act_batch", "act_len", "act_heads", "head_dim"))
+        q = constrain(
+            apply_rope(q, positions, inv_freq), ("act_batch", "act_len", "act_heads", "head_dim")
+        )
         k = apply_rope(k, positions, inv_freq)
 
         if layer_cache is not None:
@@ -206,8 +212,12 @@ class Decoder(nn.Module):
         """
         cfg = self.cfg
         embedding = _param(
-            self, "embedding", nn.initializers.normal(0.02), (cfg.vocab_size, cfg.hidden_size),
-            ("vocab", "embed"), cfg.weight_dtype,
+            self,
+            "embedding",
+            nn.initializers.normal(0.02),
+            (cfg.vocab_size, cfg.hidden_size),
+            ("vocab", "embed"),
+            cfg.weight_dtype,
         )
         x = jnp.take(embedding, tokens, axis=0).astype(cfg.compute_dtype)
         x = constrain(x, ("act_batch", "act_len", "act_embed"))
@@ -241,7 +251,9 @@ class Decoder(nn.Module):
         )
         x, layer_caches = stack(cfg, name="layers")(x, layer_caches, positions, mask, start)
         if cache is not None:
-            cache = KVCache(k=layer_caches[0], v=layer_caches[1], segments=kv_segments, end=start + t)
+            cache = KVCache(
+                k=layer_caches[0], v=layer_caches[1], segments=kv_segments, end=start + t
+            )
 
         if logits_at is not None:
             x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)
@@ -250,8 +262,12 @@ class Decoder(nn.Module):
             head = embedding.T
         else:
             head = _param(
-                self, "lm_head", nn.initializers.normal(0.02), (cfg.hidden_size, cfg.vocab_size),
-                ("embed", "vocab"), cfg.weight_dtype,
+                self,
+                "lm_head",
+                nn.initializers.normal(0.02),
+                (cfg.hidden_size, cfg.vocab_size),
+                ("embed", "vocab"),
+                cfg.weight_dtype,
             )
         logits = jnp.einsum(
             "bte,ev->btv", x, head.astype(cfg.compute_dtype), preferred_element_type=jnp.float32

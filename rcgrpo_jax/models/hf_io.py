@@ -55,9 +55,13 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
     """Maps a transformers config.json (v4 `rope_scaling` or v5 `rope_parameters`) to ours."""
     model_type = hf.get("model_type")
     if model_type not in ("qwen2", "llama"):
-        raise CheckpointError(f"config.json: model_type {model_type!r} is not supported (qwen2, llama)")
+        raise CheckpointError(
+            f"config.json: model_type {model_type!r} is not supported (qwen2, llama)"
+        )
     if hf.get("hidden_act", "silu") != "silu":
-        raise CheckpointError(f"config.json: hidden_act {hf['hidden_act']!r} is not supported (silu)")
+        raise CheckpointError(
+            f"config.json: hidden_act {hf['hidden_act']!r} is not supported (silu)"
+        )
     if hf.get("mlp_bias") or (model_type == "llama" and hf.get("attention_bias")):
         raise CheckpointError("config.json: llama attention_bias/mlp_bias are not supported")
     if hf.get("use_sliding_window"):
@@ -77,7 +81,9 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
     elif rope_type == "default":
         rope_scaling = None
     else:
-        raise CheckpointError(f"config.json: rope type {rope_type!r} is not supported (default, llama3)")
+        raise CheckpointError(
+            f"config.json: rope type {rope_type!r} is not supported (default, llama3)"
+        )
     heads = int(hf["num_attention_heads"])
     eos = hf.get("eos_token_id")
     fields = dict(
@@ -191,7 +197,9 @@ def weight_map(cfg: ModelConfig) -> list[_Weight]:
         _Weight(("layers", "attn", "wv"), _L + "self_attn.v_proj.weight", *_KV),
         _Weight(("layers", "attn", "wo"), _L + "self_attn.o_proj.weight", *_O),
         _Weight(("layers", "attn_norm", "scale"), _L + "input_layernorm.weight", _same, _same),
-        _Weight(("layers", "mlp_norm", "scale"), _L + "post_attention_layernorm.weight", _same, _same),
+        _Weight(
+            ("layers", "mlp_norm", "scale"), _L + "post_attention_layernorm.weight", _same, _same
+        ),
         _Weight(("layers", "mlp", "w_gate"), _L + "mlp.gate_proj.weight", _t, _t),
         _Weight(("layers", "mlp", "w_up"), _L + "mlp.up_proj.weight", _t, _t),
         _Weight(("layers", "mlp", "w_down"), _L + "mlp.down_proj.weight", _t, _t),
@@ -199,9 +207,21 @@ def weight_map(cfg: ModelConfig) -> list[_Weight]:
     ]
     if cfg.qkv_bias:
         w += [
-            _Weight(("layers", "attn", "bq"), _L + "self_attn.q_proj.bias", *_bias(lambda c: c.num_heads)),
-            _Weight(("layers", "attn", "bk"), _L + "self_attn.k_proj.bias", *_bias(lambda c: c.num_kv_heads)),
-            _Weight(("layers", "attn", "bv"), _L + "self_attn.v_proj.bias", *_bias(lambda c: c.num_kv_heads)),
+            _Weight(
+                ("layers", "attn", "bq"),
+                _L + "self_attn.q_proj.bias",
+                *_bias(lambda c: c.num_heads),
+            ),
+            _Weight(
+                ("layers", "attn", "bk"),
+                _L + "self_attn.k_proj.bias",
+                *_bias(lambda c: c.num_kv_heads),
+            ),
+            _Weight(
+                ("layers", "attn", "bv"),
+                _L + "self_attn.v_proj.bias",
+                *_bias(lambda c: c.num_kv_heads),
+            ),
         ]
     if not cfg.tie_embeddings:
         w.append(_Weight(("lm_head",), "lm_head.weight", _t, _t))
@@ -273,7 +293,9 @@ class SafetensorsReader:
             if name == "__metadata__":
                 continue
             if info.get("dtype") not in _ST_DTYPES:
-                raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {info.get('dtype')}")
+                raise CheckpointError(
+                    f"{path}: tensor {name!r} has unsupported dtype {info.get('dtype')}"
+                )
             begin, end = info["data_offsets"]
             dtype = _ST_DTYPES[info["dtype"]]
             shape = tuple(info["shape"])
@@ -292,18 +314,27 @@ class SafetensorsReader:
 
     def read(self, name: str) -> np.ndarray:
         t = self.info(name)
-        arr = np.fromfile(t.file, dtype=t.dtype, count=t.nbytes // t.dtype.itemsize, offset=t.offset)
+        arr = np.fromfile(
+            t.file, dtype=t.dtype, count=t.nbytes // t.dtype.itemsize, offset=t.offset
+        )
         return arr.reshape(t.shape)
 
 
-def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...], np.dtype]],
-                       fetch: Callable[[str], np.ndarray]) -> None:
+def _write_safetensors(
+    path: Path,
+    tensors: list[tuple[str, tuple[int, ...], np.dtype]],
+    fetch: Callable[[str], np.ndarray],
+) -> None:
     """Writes tensors fetched one at a time; the header is laid out from shapes first."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, shape, dtype in tensors:
         nbytes = int(np.prod(shape)) * dtype.itemsize
-        header[name] = {"dtype": _ST_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        header[name] = {
+            "dtype": _ST_NAMES[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
         offset += nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
@@ -313,7 +344,9 @@ def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...], np.
         for name, shape, dtype in tensors:
             arr = np.ascontiguousarray(fetch(name), dtype=dtype)
             if arr.shape != tuple(shape):
-                raise CheckpointError(f"{path}: tensor {name!r} has shape {arr.shape}, expected {shape}")
+                raise CheckpointError(
+                    f"{path}: tensor {name!r} has shape {arr.shape}, expected {shape}"
+                )
             fh.write(arr.tobytes())
 
 
@@ -376,7 +409,8 @@ def load_hf(
             want = w.to_hf(np.empty(layer_shape, np.bool_), cfg).shape
             if tuple(got) != tuple(want):
                 raise CheckpointError(
-                    f"{reader.info(n).file}: tensor {n!r} has shape {tuple(got)}, config expects {tuple(want)}"
+                    f"{reader.info(n).file}: tensor {n!r} has shape {tuple(got)}, "
+                    f"config expects {tuple(want)}"
                 )
         target_dtype = cfg.weight_dtype
 
@@ -388,7 +422,11 @@ def load_hf(
                 [w.to_ours(reader.read(names[i]), cfg)[index[1:]].astype(dtype) for i in layers]
             )
 
-        sharding = _get(shardings, w.path) if shardings is not None else jax.sharding.SingleDeviceSharding(device)
+        sharding = (
+            _get(shardings, w.path)
+            if shardings is not None
+            else jax.sharding.SingleDeviceSharding(device)
+        )
         _set(params, w.path, _make_array(target.shape, sharding, load_slice))
     return cfg, params
 
@@ -442,15 +480,19 @@ def save_hf(
         arr = cache[w.path] if i is None else cache[w.path][i]
         return w.to_hf(arr, cfg)
 
-    files = ["model.safetensors"] if len(shards) == 1 else [
-        f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))
-    ]
+    files = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+    )
     for fname, shard in zip(files, shards, strict=True):
         _write_safetensors(path / fname, shard, fetch)
     if len(shards) > 1:
         index = {
             "metadata": {"total_size": sum(int(np.prod(s)) * d.itemsize for _, s, d in tensors)},
-            "weight_map": {n: f for f, shard in zip(files, shards, strict=True) for n, _, _ in shard},
+            "weight_map": {
+                n: f for f, shard in zip(files, shards, strict=True) for n, _, _ in shard
+            },
         }
         (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     elif (path / "model.safetensors.index.json").exists():

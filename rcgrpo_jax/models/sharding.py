@@ -45,7 +45,9 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 _RULES = dict(LOGICAL_AXIS_RULES)
 
 
-def make_mesh(shape: Sequence[int] = (1, 1, 1), devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(
+    shape: Sequence[int] = (1, 1, 1), devices: Sequence[jax.Device] | None = None
+) -> Mesh:
     """A (data, fsdp, tensor) mesh with Auto axis types (jit + sharding constraints decide)."""
     shape = tuple(int(s) for s in shape)
     if len(shape) != len(MESH_AXES):
@@ -86,7 +88,9 @@ def logical_to_spec(
     return PartitionSpec(*out)
 
 
-def named_sharding(mesh: Mesh, logical_axes: Sequence[str | None], shape: Sequence[int]) -> NamedSharding:
+def named_sharding(
+    mesh: Mesh, logical_axes: Sequence[str | None], shape: Sequence[int]
+) -> NamedSharding:
     return NamedSharding(mesh, logical_to_spec(logical_axes, shape, mesh))
 
 
