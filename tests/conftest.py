@@ -1,0 +1,97 @@
+"""Shared test set-up: 8 virtual CPU devices, tiny random HF models, real tokenizers if present."""
+
+from __future__ import annotations
+
+import os
+
+# Must happen before JAX is imported anywhere in the test session.
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_VOCAB = 128
+
+
+def tokenizers_dir() -> Path | None:
+    """Real tokenizer fixtures: $RCGRPO_TOKENIZERS, else ../shared/tokenizers next to the repo."""
+    env = os.environ.get("RCGRPO_TOKENIZERS")
+    for cand in ([Path(env)] if env else []) + [REPO.parent / "shared" / "tokenizers"]:
+        if cand.is_dir():
+            return cand
+    return None
+
+
+@pytest.fixture(scope="session")
+def tokenizer_root() -> Path:
+    root = tokenizers_dir()
+    if root is None:
+        pytest.skip(
+            "real tokenizers not found (set RCGRPO_TOKENIZERS or provide ../shared/tokenizers)"
+        )
+    return root
+
+
+def make_hf_model(kind: str, path: Path, *, tied: bool = False, layers: int = 2, seed: int = 0):
+    """A tiny random transformers model saved with save_pretrained; returns the torch model.
+
+    kind: "qwen2" (q/k/v biases, GQA 8 heads / 2 KV heads) or "llama" (llama3 rope scaling with an
+    original context shorter than the test sequences, so the scaling matters). Biases and norm
+    scales are perturbed away from their zero/one init so that mapping errors show in the logits.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=tied,
+    )
+    if kind == "qwen2":
+        hf_cfg = Qwen2Config(rope_theta=1e6, **common)
+    elif kind == "llama":
+        hf_cfg = LlamaConfig(
+            rope_theta=5e5,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+            **common,
+        )
+    else:
+        raise ValueError(kind)
+    model = AutoModelForCausalLM.from_config(hf_cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "bias" in name or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(str(path))
+    return model
+
+
+@pytest.fixture(scope="session")
+def hf_models(tmp_path_factory):
+    """{name: (torch_model, dir)} for qwen2 (untied), qwen2_tied and llama; built once."""
+    out = {}
+    for name, kind, tied in [
+        ("qwen2", "qwen2", False),
+        ("qwen2_tied", "qwen2", True),
+        ("llama", "llama", False),
+    ]:
+        d = tmp_path_factory.mktemp(name)
+        out[name] = (make_hf_model(kind, d, tied=tied), d)
+    return out
