@@ -1,0 +1,279 @@
+"""Model layer: parity with transformers, checkpoint round trips, sharding invariance, errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_VOCAB
+
+from rcgrpo_jax import models
+from rcgrpo_jax.models import hf_io, sharding
+
+B, T = 3, 24
+MESHES = [(1, 1, 1), (2, 4, 1), (1, 2, 4), (8, 1, 1)]
+
+
+@pytest.fixture(scope="module")
+def batch():
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, TINY_VOCAB, (B, T))
+    mask = np.ones((B, T), np.int64)
+    mask[1, :5] = 0  # left padding of different lengths per row
+    mask[2, :13] = 0
+    return tokens, mask
+
+
+def torch_logits(model, tokens, mask) -> np.ndarray:
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask))
+    return out.logits.float().numpy()
+
+
+def max_diff(a, b, mask) -> float:
+    return float(np.abs(np.asarray(a) - np.asarray(b))[mask.astype(bool)].max())
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen2_tied", "llama"])
+def test_logits_match_transformers(hf_models, batch, name):
+    model, path = hf_models[name]
+    cfg, params = models.load_hf(path)
+    assert cfg.tie_embeddings == (name == "qwen2_tied")
+    assert cfg.qkv_bias == name.startswith("qwen2")
+    assert (cfg.rope_scaling is not None) == (name == "llama")
+    assert cfg.num_kv_heads == 2 and cfg.num_heads == 8
+    tokens, mask = batch
+    ours = models.forward(cfg, params, tokens, mask)
+    assert ours.dtype == jnp.float32 and ours.shape == (B, T, TINY_VOCAB)
+    assert max_diff(ours, torch_logits(model, tokens, mask), mask) <= 1e-4
+
+
+def test_right_padding_matches_unpadded(hf_models):
+    """A right-padded row gives the logits of the same tokens alone (positions unaffected)."""
+    _, path = hf_models["llama"]
+    cfg, params = models.load_hf(path)
+    tokens = np.arange(1, 17)[None] % TINY_VOCAB
+    alone = models.forward(cfg, params, tokens[:, :10])
+    mask = (np.arange(16) < 10).astype(np.int32)[None]
+    padded = models.forward(cfg, params, tokens, mask)
+    np.testing.assert_allclose(padded[:, :10], alone, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen2_tied", "llama"])
+def test_save_hf_round_trip(hf_models, batch, tmp_path, name):
+    from transformers import AutoModelForCausalLM
+
+    _, path = hf_models[name]
+    cfg, params = models.load_hf(path)
+    models.save_hf(tmp_path / "out", cfg, params)
+    reloaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+    tokens, mask = batch
+    ours = models.forward(cfg, params, tokens, mask)
+    assert max_diff(ours, torch_logits(reloaded, tokens, mask), mask) <= 1e-4
+    cfg2, params2 = models.load_hf(tmp_path / "out")
+    assert cfg2 == cfg
+    jax.tree.map(np.testing.assert_array_equal, params, params2)
+
+
+def test_sharded_checkpoint_files(hf_models, batch, tmp_path):
+    """save_hf splits into several files with an index; load_hf reads them back identically."""
+    _, path = hf_models["qwen2"]
+    cfg, params = models.load_hf(path)
+    models.save_hf(tmp_path / "sharded", cfg, params, max_shard_bytes=40_000)
+    files = sorted(p.name for p in (tmp_path / "sharded").glob("*.safetensors"))
+    assert len(files) > 2
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == set(files)
+    _, params2 = models.load_hf(tmp_path / "sharded")
+    jax.tree.map(np.testing.assert_array_equal, params, params2)
+
+
+def test_legacy_rope_scaling_spelling(hf_models, tmp_path):
+    """transformers v4 wrote `rope_theta` + `rope_scaling`; v5 writes `rope_parameters`."""
+    _, path = hf_models["llama"]
+    hf = json.loads((path / "config.json").read_text())
+    rope = hf.pop("rope_parameters")
+    legacy = dict(hf, rope_theta=rope.pop("rope_theta"), rope_scaling=rope)
+    assert hf_io.config_from_hf(legacy) == hf_io.config_from_hf(
+        json.loads((path / "config.json").read_text())
+    )
+    assert hf_io.config_from_hf(legacy).rope_scaling.factor == 8.0
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES)
+def test_sharded_forward_equal_across_meshes(hf_models, batch, mesh_shape):
+    _, path = hf_models["qwen2"]
+    cfg, params = models.load_hf(path)
+    tokens, mask = batch
+    reference = models.forward(cfg, params, tokens, mask)
+    mesh = models.make_mesh(mesh_shape)
+    _, sharded = models.load_hf(path, mesh=mesh)  # streamed straight onto the mesh
+    wq = sharded["layers"]["attn"]["wq"]
+    assert wq.sharding.mesh.shape == dict(zip(sharding.MESH_AXES, mesh_shape, strict=True))
+    if mesh_shape[2] > 1:  # heads really are split over the tensor axis
+        assert wq.addressable_shards[0].data.shape[2] == cfg.num_heads // mesh_shape[2]
+    tok = jax.device_put(jnp.asarray(tokens, jnp.int32))
+    with models.use_mesh(mesh):
+        out = models.forward(cfg, sharded, tok, mask)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(reference), atol=1e-5, rtol=0)
+
+
+def test_uneven_axes_are_replicated_and_reported():
+    """2 KV heads on a 4-way tensor axis cannot split: replicated, and explain_sharding says so."""
+    cfg = models.ModelConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+    )
+    mesh = models.make_mesh((1, 2, 4))
+    shardings = models.param_shardings(cfg, mesh)
+    assert shardings["layers"]["attn"]["wk"].spec == jax.sharding.PartitionSpec(
+        None, "fsdp", None, None
+    )
+    assert shardings["layers"]["attn"]["wq"].spec == jax.sharding.PartitionSpec(
+        None, "fsdp", "tensor", None
+    )
+    notes = sharding.explain_sharding(
+        mesh, models.param_logical_axes(cfg), models.param_shapes(cfg)
+    )
+    assert any("wk" in n for n in notes) and not any("'wq'" in n for n in notes)
+
+
+def test_resize_vocab_mean_init(hf_models, batch):
+    _, path = hf_models["qwen2"]
+    cfg, params = models.load_hf(path)
+    cfg2, params2 = models.resize_vocab(cfg, params, cfg.vocab_size + 2)
+    assert cfg2.vocab_size == cfg.vocab_size + 2
+    emb, head = np.asarray(params2["embedding"]), np.asarray(params2["lm_head"])
+    np.testing.assert_allclose(
+        emb[-2:], np.repeat(emb[:-2].mean(0, keepdims=True), 2, 0), atol=1e-7
+    )
+    np.testing.assert_allclose(head[:, -1], head[:, :-2].mean(1), atol=1e-7)
+    tokens, mask = batch
+    old = models.forward(cfg, params, tokens, mask)
+    new = models.forward(cfg2, params2, tokens, mask)
+    np.testing.assert_allclose(np.asarray(new)[..., : cfg.vocab_size], np.asarray(old), atol=1e-6)
+
+
+def test_remat_and_bf16(hf_models, batch):
+    """Remat changes memory, not results; bf16 compute stays close to f32 with f32 logits."""
+    _, path = hf_models["llama"]
+    tokens, mask = batch
+    cfg, params = models.load_hf(path)
+    ref = np.asarray(models.forward(cfg, params, tokens, mask))
+    cfg_r, params_r = models.load_hf(path, remat="full")
+    np.testing.assert_allclose(
+        np.asarray(models.forward(cfg_r, params_r, tokens, mask)), ref, atol=1e-6
+    )
+    cfg_b, params_b = models.load_hf(path, compute_dtype=jnp.bfloat16)
+    out = models.forward(cfg_b, params_b, tokens, mask)
+    assert out.dtype == jnp.float32 and params_b["embedding"].dtype == jnp.float32
+    assert 0 < max_diff(out, ref, mask) < 0.1
+
+
+def test_bf16_params_load_and_save(hf_models, tmp_path, batch):
+    _, path = hf_models["qwen2_tied"]
+    cfg, params = models.load_hf(path, dtype=jnp.bfloat16)
+    assert params["layers"]["mlp"]["w_up"].dtype == jnp.bfloat16
+    models.save_hf(tmp_path / "bf16", cfg, params)
+    header_len = int.from_bytes(
+        (tmp_path / "bf16" / "model.safetensors").read_bytes()[:8], "little"
+    )
+    header = json.loads((tmp_path / "bf16" / "model.safetensors").read_bytes()[8 : 8 + header_len])
+    assert header["model.embed_tokens.weight"]["dtype"] == "BF16"
+    _, again = models.load_hf(tmp_path / "bf16", dtype=jnp.bfloat16)
+    jax.tree.map(np.testing.assert_array_equal, params, again)
+
+
+# ----------------------------------------------------------------------------- bad checkpoints
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_error_missing_or_extra_tensor(hf_models, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    _, path = hf_models["qwen2"]
+    tensors = load_file(str(path / "model.safetensors"))
+    d = _copy(path, tmp_path / "missing")
+    save_file(
+        {k: v for k, v in tensors.items() if k != "model.layers.1.self_attn.k_proj.bias"},
+        str(d / "model.safetensors"),
+    )
+    with pytest.raises(
+        models.CheckpointError, match=r"missing tensor 'model\.layers\.1\.self_attn\.k_proj\.bias'"
+    ):
+        models.load_hf(d)
+    save_file(
+        dict(tensors, **{"model.layers.9.mlp.up_proj.weight": tensors["lm_head.weight"]}),
+        str(d / "model.safetensors"),
+    )
+    with pytest.raises(models.CheckpointError, match=r"unexpected tensors .*model\.layers\.9"):
+        models.load_hf(d)
+
+
+def test_error_wrong_shape_names_file_and_tensor(hf_models, tmp_path):
+    _, path = hf_models["qwen2"]
+    d = _copy(path, tmp_path / "shape")
+    hf = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(dict(hf, intermediate_size=80)))
+    with pytest.raises(
+        models.CheckpointError,
+        match=r"model\.safetensors: tensor 'model\.layers\.0\.mlp\.gate_proj\.weight' "
+        r"has shape \(96, 64\), config expects \(80, 64\)",
+    ):
+        models.load_hf(d)
+
+
+def test_error_truncated_file(hf_models, tmp_path):
+    _, path = hf_models["qwen2"]
+    d = _copy(path, tmp_path / "trunc")
+    f = d / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-100])
+    with pytest.raises(
+        models.CheckpointError, match=r"model\.safetensors: tensor '.*' bytes .* truncated"
+    ):
+        models.load_hf(d)
+
+
+def test_error_not_a_checkpoint(tmp_path):
+    with pytest.raises(models.CheckpointError, match="no config.json"):
+        models.load_hf(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(models.CheckpointError, match="model_type 'gpt2' is not supported"):
+        models.load_hf(tmp_path)
+
+
+# ----------------------------------------------------------------------------- real tokenizers
+
+
+@pytest.mark.parametrize(
+    "name,text,expected",
+    [("qwen2.5", "Hello world", [9707, 1879]), ("llama3.1", "hello", [128000, 15339])],
+)
+def test_real_tokenizers_load(tokenizer_root, name, text, expected):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_root / name))
+    assert tok.encode(text) == expected
+    assert tok.chat_template and "tools" in tok.chat_template
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert (
+        ("<|im_start|>assistant" in rendered)
+        if name == "qwen2.5"
+        else ("assistant<|end_header_id|>" in rendered)
+    )
