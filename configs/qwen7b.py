@@ -1,0 +1,19 @@
+"""Qwen2.5-7B-Instruct on a TPU slice (the paper's main model).
+
+Point `model.hf_path` at a local copy of the Hugging Face checkpoint (e.g. copied to the VM's disk
+or a mounted bucket): `--config.model.hf_path=/mnt/models/Qwen2.5-7B-Instruct`.
+"""
+
+from rcgrpo_jax.config import base_config
+
+
+def get_config():
+    c = base_config()
+    c.stage = "all"
+    c.model.hf_path = "/mnt/models/Qwen2.5-7B-Instruct"
+    c.model.chat_format = "qwen"
+    c.model.dtype = "bfloat16"
+    c.model.param_dtype = "float32"
+    c.model.remat = "full"  # 7B with full-length multi-turn trajectories needs it on 16 GiB chips
+    c.mesh.shape = (1, -1, 1)  # FSDP over the whole slice
+    return c

@@ -1,0 +1,87 @@
+"""Command line: `python -m rcgrpo_jax.main --config=configs/tiny.py [--config.key=value ...]`."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from rcgrpo_jax.config import STAGES
+from rcgrpo_jax.runtime import UserError
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny.py", "Experiment config file.")
+
+# stage -> (module with a `run(config) -> dict`, the issue that builds it)
+_STAGE_RUNNERS = {
+    "eval": ("rcgrpo_jax.eval", 4),
+    "sft": ("rcgrpo_jax.train.sft", 5),
+    "rctp": ("rcgrpo_jax.train.sft", 5),
+    "grpo": ("rcgrpo_jax.rl.loop", 6),
+    "rcgrpo": ("rcgrpo_jax.rl.loop", 6),
+    "all": ("rcgrpo_jax.experiment", 7),
+}
+
+
+def _runner(stage: str):
+    if stage not in STAGES:
+        raise UserError(f"config.stage={stage!r}; expected one of {', '.join(STAGES)}")
+    module, issue = _STAGE_RUNNERS[stage]
+    if importlib.util.find_spec(module) is None:
+        raise UserError(f"stage {stage!r} is not built yet (issue #{issue}); built: {built()}")
+    return importlib.import_module(module).run
+
+
+def built() -> str:
+    return ", ".join(s for s, (m, _) in _STAGE_RUNNERS.items() if importlib.util.find_spec(m))
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's parser, but a bad config file or override is one line, not a traceback."""
+    try:
+        rest = flags.FLAGS(argv)
+        _CONFIG.value.get("stage")  # surfaces a config file that failed to load
+        return rest
+    except flags.Error as e:
+        print(f"error: {e}", file=sys.stderr)
+    except OSError as e:
+        name = flags.FLAGS["config"].config_filename
+        print(f"error: cannot load config file {name!r} ({type(e).__name__})", file=sys.stderr)
+    except (KeyError, AttributeError) as e:
+        msg = str(e.args[0] if e.args else e)
+        key = msg.split("\n")[0].strip("'\"\\")
+        bad = [a for a in argv if a.startswith("--config.") and f".{key}" in a.split("=")[0]]
+        print(
+            f"error: unknown config key {key!r} in {' '.join(bad) or 'overrides'}", file=sys.stderr
+        )
+    sys.exit(2)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    config = _CONFIG.value
+    if not config.workdir:
+        config.workdir = str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
+    try:
+        if config.model.hf_path and not Path(config.model.hf_path).is_dir():
+            raise UserError(f"model.hf_path={config.model.hf_path!r} does not exist")
+        _runner(config.stage)(config)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # one clear line for checkpoint problems, tracebacks for bugs
+        from rcgrpo_jax.models import CheckpointError
+
+        if isinstance(e, CheckpointError):
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)
