@@ -1,0 +1,1 @@
+"""BFCL v4 multi-turn environment (see `bfcl.py`)."""

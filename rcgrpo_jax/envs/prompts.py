@@ -1,0 +1,274 @@
+"""Prompts and chat rendering: system prompt with a reward-token slot, BFCL function docs as
+JSON-schema tools, and token ids with an assistant-only loss mask from the model's own chat
+template (transformers' `apply_chat_template`).
+
+Conversations are lists of `{"role", "content"}` messages (system, user, assistant, tool);
+assistant messages hold the raw model text, so what is rendered is what was sampled.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from bfcl_eval.constants.default_prompts import (
+    DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC,
+    OUTPUT_FORMAT_MAPPING,
+    PROMPT_STYLE_TEMPLATES,
+)
+
+# The one place the reward-token strings live. Reward r in {0, 1} -> token.
+REWARD_TOKENS = {1: "<|high_reward|>", 0: "<|low_reward|>"}
+
+Message = dict[str, Any]
+
+_STYLE = PROMPT_STYLE_TEMPLATES["classic"]
+# For formats whose chat template lists the tools itself (Qwen2.5, LLaMA-3.1).
+SYSTEM_PROMPT_FC = f"{_STYLE['persona']} {_STYLE['task']}\n\n{_STYLE['multiturn_behavior']}"
+# BFCL's default prompting system prompt (python call lists; docs listed in the prompt).
+SYSTEM_PROMPT_PYTHON = (
+    f"{_STYLE['persona']} {_STYLE['task']}\n\n"
+    + _STYLE["tool_call_no_tag"].format(
+        output_format=OUTPUT_FORMAT_MAPPING["python"], param_types=""
+    )
+    + f"\n\n{_STYLE['multiturn_behavior']}\n\n"
+)
+ADDED_FUNCTIONS_PROMPT = DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
+# What a policy says when it has no call to make: decodes to no calls in every format.
+NO_CALL_TEXT = "I have completed the request."
+
+# BFCL parameter types -> JSON schema types (BFCL's GORILLA_TO_OPENAPI, but "any" is untyped).
+_JSON_TYPES = {
+    "integer": "integer",
+    "number": "number",
+    "float": "number",
+    "string": "string",
+    "boolean": "boolean",
+    "bool": "boolean",
+    "array": "array",
+    "list": "array",
+    "tuple": "array",
+    "dict": "object",
+    "object": "object",
+    "byte": "integer",
+    "short": "integer",
+    "long": "integer",
+    "double": "number",
+    "char": "string",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Tool schemas
+
+
+def json_schema(param: dict[str, Any]) -> dict[str, Any]:
+    """JSON schema of a BFCL parameter spec (types mapped, nested items/properties too)."""
+    out = {k: v for k, v in param.items() if k not in ("type", "items", "properties")}
+    bfcl_type = param.get("type")
+    if bfcl_type is not None and bfcl_type != "any":
+        out["type"] = _JSON_TYPES.get(bfcl_type, "string")
+    if "items" in param:
+        out["items"] = json_schema(param["items"])
+    if "properties" in param:
+        out["properties"] = {k: json_schema(v) for k, v in param["properties"].items()}
+    return out
+
+
+def tool_schema(doc: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI-style tool entry for `apply_chat_template(tools=...)` from a BFCL function doc."""
+    parameters = json_schema(doc.get("parameters", {"type": "dict", "properties": {}}))
+    parameters["type"] = "object"
+    parameters.setdefault("properties", {})
+    return {
+        "type": "function",
+        "function": {
+            "name": doc["name"],
+            "description": doc.get("description", ""),
+            "parameters": parameters,
+        },
+    }
+
+
+def function_listing(docs: Sequence[dict[str, Any]], chat_format: str) -> str:
+    """Functions as text (python prompts and miss_func reveals): BFCL docs or tool schemas."""
+    items = list(docs) if chat_format == "python" else [tool_schema(d) for d in docs]
+    return json.dumps(items)
+
+
+def template_tools(docs: Sequence[dict[str, Any]], chat_format: str) -> list[dict] | None:
+    """`tools=` for the chat template; None for python prompts, which list docs themselves."""
+    return None if chat_format == "python" else [tool_schema(d) for d in docs]
+
+
+# ---------------------------------------------------------------------------------------------
+# Messages
+
+
+def with_reward_token(text: str, reward: int | None) -> str:
+    """`text` with its leading reward token replaced by that of `reward` (None: removed)."""
+    for token in REWARD_TOKENS.values():
+        if text.startswith(token):
+            text = text[len(token) :]
+            break
+    return text if reward is None else REWARD_TOKENS[int(reward)] + text
+
+
+def set_reward_token(messages: Sequence[Message], reward: int | None) -> list[Message]:
+    """Copy of a conversation whose system prompt carries the token of `reward`.
+
+    The token sits at the start of the system message, so relabelling a finished
+    trajectory (RCTP, RC-GRPO) changes only that token.
+    """
+    if not messages or messages[0]["role"] != "system":
+        raise ValueError("conversation has no system message to carry the reward token")
+    first = dict(messages[0], content=with_reward_token(messages[0]["content"], reward))
+    return [first, *messages[1:]]
+
+
+def system_message(
+    chat_format: str, docs: Sequence[dict[str, Any]], reward: int | None = None
+) -> Message:
+    """System prompt for a format, with the reward-token slot at its start."""
+    if chat_format == "python":
+        body = SYSTEM_PROMPT_PYTHON + _STYLE["available_tools"].format(
+            format="json", functions=function_listing(docs, chat_format)
+        )
+    else:
+        body = SYSTEM_PROMPT_FC
+    return {"role": "system", "content": with_reward_token(body, reward)}
+
+
+def added_functions_message(docs: Sequence[dict[str, Any]], chat_format: str) -> Message:
+    """miss_func's reveal turn: the new functions, then BFCL's "updated some more" prompt.
+
+    The functions go in the message (as in BFCL's prompting mode), not in `tools=`, so the
+    rendered conversation only ever grows at its end (KV cache and one loss mask per run).
+    """
+    content = f"{function_listing(docs, chat_format)}\n{ADDED_FUNCTIONS_PROMPT}"
+    return {"role": "user", "content": content}
+
+
+def tool_message(name: str, result: str) -> Message:
+    """One tool result, as bfcl-eval's OSS handlers add it (one message per call)."""
+    return {"role": "tool", "name": name, "content": result}
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer side
+
+
+def add_reward_tokens(tokenizer: Any) -> dict[int, int]:
+    """Register the reward tokens as special tokens; returns reward -> token id.
+
+    The model's embedding table must grow to `len(tokenizer)` afterwards.
+    """
+    tokenizer.add_tokens(list(REWARD_TOKENS.values()), special_tokens=True)
+    return {r: tokenizer.convert_tokens_to_ids(t) for r, t in REWARD_TOKENS.items()}
+
+
+_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+
+
+def end_of_turn_token(tokenizer: Any) -> str:
+    """The token that closes an assistant message in this tokenizer's chat template."""
+    vocab = tokenizer.get_vocab()
+    for token in _END_OF_TURN:
+        if token in vocab:
+            return token
+    raise ValueError("tokenizer has no known end-of-turn token")
+
+
+def render_text(
+    tokenizer: Any,
+    messages: Sequence[Message],
+    tools: list[dict] | None = None,
+    add_generation_prompt: bool = False,
+) -> str:
+    """The conversation as text, through the tokenizer's chat template."""
+    return tokenizer.apply_chat_template(
+        list(messages), tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+_MARK = "\x00RCGRPO-ASSISTANT-{}\x00"
+_MARK_RE = re.compile("\x00RCGRPO-ASSISTANT-(\\d+)\x00")
+
+
+def render_segments(
+    tokenizer: Any,
+    messages: Sequence[Message],
+    tools: list[dict] | None = None,
+    add_generation_prompt: bool = False,
+) -> list[tuple[str, bool]]:
+    """The rendered conversation cut into (text, is_assistant) pieces.
+
+    An assistant piece is the message as the template prints it plus the end-of-turn token
+    that the model itself must emit. Found by rendering once with markers in place of the
+    assistant contents, then walking the real rendering.
+    """
+    text = render_text(tokenizer, messages, tools, add_generation_prompt)
+    marked = [
+        dict(m, content=_MARK.format(i)) if m["role"] == "assistant" else m
+        for i, m in enumerate(messages)
+    ]
+    parts = _MARK_RE.split(render_text(tokenizer, marked, tools, add_generation_prompt))
+    eot = end_of_turn_token(tokenizer)
+    segments: list[tuple[str, bool]] = []
+    pos = 0
+    for k in range(0, len(parts), 2):
+        piece = parts[k]
+        if k > 0:  # an assistant message precedes this piece
+            content = messages[int(parts[k - 1])]["content"]
+            shown = next(
+                (
+                    c
+                    for c in (content, content.strip(), content.lstrip(), content.rstrip())
+                    if text.startswith(c + piece[: len(eot)], pos)
+                ),
+                None,
+            )
+            if shown is None or not piece.startswith(eot):
+                raise ValueError("chat template does not print assistant text verbatim")
+            segments.append((shown + eot, True))
+            pos += len(shown) + len(eot)
+            piece = piece[len(eot) :]
+        if not text.startswith(piece, pos):
+            raise ValueError("chat template rendering is not stable around assistant text")
+        if piece:
+            segments.append((piece, False))
+        pos += len(piece)
+    if pos != len(text):
+        raise ValueError("chat template rendering does not cover the whole conversation")
+    return segments
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def render_with_mask(
+    tokenizer: Any, messages: Sequence[Message], tools: list[dict] | None = None
+) -> tuple[list[int], list[int]]:
+    """Token ids of a whole conversation and its loss mask (1 on assistant tokens only).
+
+    Each piece is tokenized on its own, so a conversation's ids start with the ids of its
+    prompt at every assistant turn (`prompt_ids`), as they do when sampling.
+    """
+    ids: list[int] = []
+    mask: list[int] = []
+    for text, is_assistant in render_segments(tokenizer, messages, tools):
+        piece = _encode(tokenizer, text)
+        ids += piece
+        mask += [int(is_assistant)] * len(piece)
+    return ids, mask
+
+
+def prompt_ids(
+    tokenizer: Any, messages: Sequence[Message], tools: list[dict] | None = None
+) -> list[int]:
+    """Token ids to sample the next assistant message from (generation prompt included)."""
+    segments = render_segments(tokenizer, messages, tools, add_generation_prompt=True)
+    return [i for text, _ in segments for i in _encode(tokenizer, text)]

@@ -1,0 +1,176 @@
+"""The `eval` stage: a policy on a split of BFCL v4 multi-turn, scored by our BFCL checker.
+
+Writes under `<workdir>/eval/<split>-<policy>/`:
+- `entries.jsonl`: one line per entry (id, category, reward, state_ok, action_ok, error_type,
+  error_turn, steps, decoded);
+- `summary.json`: per-category and overall accuracy (%), error counts, wall time;
+- `table.txt`: the one-screen table that is also printed.
+
+Config keys read: workdir, eval.policy ('model' | 'ground_truth' | 'empty'), eval.split
+('test' | 'train'), eval.categories, eval.max_entries (0 = all, else first N per category),
+eval.reward_token (optional: None, 0 or 1), eval.batch_size (optional, model policy),
+env.max_steps_per_turn, model.chat_format ('qwen' | 'llama' | 'python').
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rcgrpo_jax.envs import bfcl
+from rcgrpo_jax.envs.entries import normalize_category
+from rcgrpo_jax.envs.reward import ERROR_TYPES, RewardResult
+
+_MISSING = object()
+
+
+def _cfg(config: Any, dotted: str, default: Any = _MISSING) -> Any:
+    """`config.a.b` for a dotted key, or `default` when absent (configs evolve separately)."""
+    node = config
+    for key in dotted.split("."):
+        try:
+            node = node[key] if isinstance(node, dict) else getattr(node, key)
+        except (KeyError, AttributeError):
+            if default is _MISSING:
+                raise KeyError(f"config has no {dotted!r}") from None
+            return default
+    return node
+
+
+def select_entries(split: str, categories: Sequence[str], max_entries: int) -> list[bfcl.Entry]:
+    """Entries of `split` in each category, at most `max_entries` per category (0 = all)."""
+    out = []
+    for category in categories:
+        entries = bfcl.split_entries(split, category)
+        out += entries[:max_entries] if max_entries > 0 else entries
+    return out
+
+
+def make_policy(
+    name: str, generate_fn: bfcl.GenerateFn | None, tokenizer: Any, batch_size: int = 0
+) -> bfcl.Policy:
+    """The named policy; 'model' needs the sampler's `generate_fn` and the tokenizer."""
+    if name in bfcl.REFERENCE_POLICIES:
+        return bfcl.REFERENCE_POLICIES[name]
+    if name != "model":
+        raise ValueError(
+            f"unknown eval policy {name!r}; expected 'model', "
+            f"{', '.join(map(repr, bfcl.REFERENCE_POLICIES))}"
+        )
+    if generate_fn is None or tokenizer is None:
+        raise NotImplementedError(
+            "eval.policy='model' needs a sampler: call rcgrpo_jax.eval.run(config, "
+            "generate_fn=..., tokenizer=...) where generate_fn(prompts: list[list[int]]) -> "
+            "list[list[int]] returns the new tokens of each prompt (e.g. sampling.generate(cfg, "
+            "params, prompts, max_new_tokens, stop_token_ids=(end-of-turn id,)).tokens)."
+        )
+    return bfcl.model_policy(generate_fn, tokenizer, batch_size)
+
+
+def entry_record(episode: bfcl.Episode, result: RewardResult) -> dict[str, Any]:
+    """The per-entry jsonl line."""
+    return {
+        "id": episode.entry.id,
+        "category": episode.entry.category,
+        "reward": result.reward,
+        "state_ok": result.state_ok,
+        "action_ok": result.action_ok,
+        "error_type": result.error_type,
+        "error_turn": result.error_turn,
+        "steps": sum(len(turn) for turn in episode.decoded),
+        "decoded": episode.decoded,
+    }
+
+
+def summarize(records: Sequence[dict[str, Any]], categories: Sequence[str]) -> dict[str, Any]:
+    """Per-category counts and accuracies (%); overall = mean over categories, as BFCL does."""
+    per_category: dict[str, dict[str, Any]] = {}
+    for category in categories:
+        rows = [r for r in records if r["category"] == category]
+        n = len(rows)
+        errors = collections.Counter(r["error_type"] for r in rows if r["error_type"])
+        per_category[category] = {
+            "n": n,
+            "correct": sum(r["reward"] == 1.0 for r in rows),
+            "accuracy": 100.0 * sum(r["reward"] for r in rows) / n if n else 0.0,
+            "state_ok": 100.0 * sum(r["state_ok"] for r in rows) / n if n else 0.0,
+            "action_ok": 100.0 * sum(r["action_ok"] for r in rows) / n if n else 0.0,
+            "errors": {e: errors.get(e, 0) for e in ERROR_TYPES},
+        }
+    scored = [c for c in categories if per_category[c]["n"]]
+    overall = sum(per_category[c]["accuracy"] for c in scored) / len(scored) if scored else 0.0
+    return {
+        "accuracy": {**{c: per_category[c]["accuracy"] for c in categories}, "overall": overall},
+        "categories": per_category,
+        "num_entries": len(records),
+        "num_correct": sum(r["reward"] == 1.0 for r in records),
+    }
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """One screen: accuracy, R_state and R_action rates and error counts per category."""
+    short = dict(zip(ERROR_TYPES, ("err:empty", "err:state", "err:resp", "err:force"), strict=True))
+    head = (
+        f"BFCL v4 multi-turn | split={summary['split']} policy={summary['policy']} "
+        f"format={summary['chat_format']} | {summary['num_entries']} entries | "
+        f"{summary['wall_time_s']:.1f} s"
+    )
+    cols = f"{'category':<24}{'n':>5}{'acc%':>8}{'state%':>8}{'action%':>9} " + " ".join(
+        f"{short[e]:>10}" for e in ERROR_TYPES
+    )
+    lines = [head, cols, "-" * len(cols)]
+    for category, c in summary["categories"].items():
+        lines.append(
+            f"{category:<24}{c['n']:>5}{c['accuracy']:>8.2f}{c['state_ok']:>8.2f}"
+            f"{c['action_ok']:>9.2f} " + " ".join(f"{c['errors'][e]:>10}" for e in ERROR_TYPES)
+        )
+    lines.append("-" * len(cols))
+    lines.append(f"{'overall (mean of categories)':<29}{summary['accuracy']['overall']:>8.2f}")
+    return "\n".join(lines)
+
+
+def run(config: Any, generate_fn: bfcl.GenerateFn | None = None, tokenizer: Any = None) -> dict:
+    """Evaluate `config.eval.policy` on `config.eval.split`; write outputs; return the summary."""
+    policy_name = _cfg(config, "eval.policy")
+    split = _cfg(config, "eval.split", "test")
+    categories = [normalize_category(c) for c in _cfg(config, "eval.categories", bfcl.CATEGORIES)]
+    chat_format = _cfg(config, "model.chat_format", "qwen")
+    batch_size = int(_cfg(config, "eval.batch_size", 0))
+    policy = make_policy(policy_name, generate_fn, tokenizer, batch_size)
+
+    start = time.perf_counter()
+    entries = select_entries(split, categories, int(_cfg(config, "eval.max_entries", 0)))
+    episodes = [
+        bfcl.Episode(
+            entry,
+            chat_format,
+            max_steps_per_turn=int(_cfg(config, "env.max_steps_per_turn", bfcl.MAX_STEPS_PER_TURN)),
+            reward_token=_cfg(config, "eval.reward_token", None),
+        )
+        for entry in entries
+    ]
+    bfcl.run_episodes(episodes, policy)
+    records = [entry_record(e, e.result()) for e in episodes]
+    summary = {
+        "split": split,
+        "policy": policy_name,
+        "chat_format": chat_format,
+        **summarize(records, categories),
+        "wall_time_s": time.perf_counter() - start,
+    }
+
+    out_dir = Path(_cfg(config, "workdir")) / "eval" / f"{split}-{policy_name}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "entries.jsonl", "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    table = format_table(summary)
+    (out_dir / "table.txt").write_text(table + "\n", encoding="utf-8")
+    print(table)
+    summary["output_dir"] = str(out_dir)
+    return summary
