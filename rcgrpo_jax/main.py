@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def parse_flags(argv: list[str]) -> list[str]:
         print(f"error: cannot load config file {name!r} ({type(e).__name__})", file=sys.stderr)
     except (KeyError, AttributeError) as e:
         msg = str(e.args[0] if e.args else e)
-        key = msg.split("\n")[0].strip("'\"\\")
+        key = re.match(r"\W*(\w+)", msg).group(1)
         bad = [a for a in argv if a.startswith("--config.") and f".{key}" in a.split("=")[0]]
         print(
             f"error: unknown config key {key!r} in {' '.join(bad) or 'overrides'}", file=sys.stderr
