@@ -7,7 +7,7 @@ Writes under `<workdir>/eval/<split>-<policy>/`:
 - `table.txt`: the one-screen table that is also printed.
 
 Config keys read: workdir, eval.policy ('model' | 'ground_truth' | 'empty'), eval.split
-('test' | 'train'), eval.categories, eval.max_entries (0 = all, else first N per category),
+('test' | 'train' | 'all'), eval.categories, eval.max_entries (0 = all, else first N per category),
 eval.reward_token (optional: None, 0 or 1), eval.batch_size (optional, model policy),
 env.max_steps_per_turn, model.chat_format ('qwen' | 'llama' | 'python').
 """
@@ -24,6 +24,7 @@ from typing import Any
 from rcgrpo_jax.envs import bfcl
 from rcgrpo_jax.envs.entries import normalize_category
 from rcgrpo_jax.envs.reward import ERROR_TYPES, RewardResult
+from rcgrpo_jax.runtime import UserError
 
 _MISSING = object()
 
@@ -41,11 +42,21 @@ def _cfg(config: Any, dotted: str, default: Any = _MISSING) -> Any:
     return node
 
 
+class ModelPolicyUnavailable(UserError, NotImplementedError):
+    """eval.policy='model' was asked for without a sampler plugged in."""
+
+
 def select_entries(split: str, categories: Sequence[str], max_entries: int) -> list[bfcl.Entry]:
-    """Entries of `split` in each category, at most `max_entries` per category (0 = all)."""
+    """Entries of `split` ('train', 'test' or 'all') in each category, at most `max_entries`
+    per category (0 = all)."""
+    if split not in ("train", "test", "all"):
+        raise UserError(f"eval.split={split!r}; expected 'train', 'test' or 'all'")
     out = []
     for category in categories:
-        entries = bfcl.split_entries(split, category)
+        if split == "all":
+            entries = bfcl.load_entries(category)
+        else:
+            entries = bfcl.split_entries(split, category)
         out += entries[:max_entries] if max_entries > 0 else entries
     return out
 
@@ -57,12 +68,12 @@ def make_policy(
     if name in bfcl.REFERENCE_POLICIES:
         return bfcl.REFERENCE_POLICIES[name]
     if name != "model":
-        raise ValueError(
+        raise UserError(
             f"unknown eval policy {name!r}; expected 'model', "
             f"{', '.join(map(repr, bfcl.REFERENCE_POLICIES))}"
         )
     if generate_fn is None or tokenizer is None:
-        raise NotImplementedError(
+        raise ModelPolicyUnavailable(
             "eval.policy='model' needs a sampler: call rcgrpo_jax.eval.run(config, "
             "generate_fn=..., tokenizer=...) where generate_fn(prompts: list[list[int]]) -> "
             "list[list[int]] returns the new tokens of each prompt (e.g. sampling.generate(cfg, "
@@ -137,18 +148,24 @@ def run(config: Any, generate_fn: bfcl.GenerateFn | None = None, tokenizer: Any 
     """Evaluate `config.eval.policy` on `config.eval.split`; write outputs; return the summary."""
     policy_name = _cfg(config, "eval.policy")
     split = _cfg(config, "eval.split", "test")
-    categories = [normalize_category(c) for c in _cfg(config, "eval.categories", bfcl.CATEGORIES)]
+    try:
+        categories = [
+            normalize_category(c) for c in _cfg(config, "eval.categories", bfcl.CATEGORIES)
+        ]
+    except ValueError as e:
+        raise UserError(f"eval.categories: {e}") from None
     chat_format = _cfg(config, "model.chat_format", "qwen")
     batch_size = int(_cfg(config, "eval.batch_size", 0))
     policy = make_policy(policy_name, generate_fn, tokenizer, batch_size)
 
+    max_steps = int(_cfg(config, "env.max_steps_per_turn", bfcl.MAX_STEPS_PER_TURN))
     start = time.perf_counter()
     entries = select_entries(split, categories, int(_cfg(config, "eval.max_entries", 0)))
     episodes = [
         bfcl.Episode(
             entry,
             chat_format,
-            max_steps_per_turn=int(_cfg(config, "env.max_steps_per_turn", bfcl.MAX_STEPS_PER_TURN)),
+            max_steps_per_turn=max_steps,
             reward_token=_cfg(config, "eval.reward_token", None),
         )
         for entry in entries

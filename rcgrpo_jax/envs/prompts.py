@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -174,9 +176,9 @@ _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
 def end_of_turn_token(tokenizer: Any) -> str:
     """The token that closes an assistant message in this tokenizer's chat template."""
-    vocab = tokenizer.get_vocab()
     for token in _END_OF_TURN:
-        if token in vocab:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if token_id is not None and token_id != tokenizer.unk_token_id:
             return token
     raise ValueError("tokenizer has no known end-of-turn token")
 
@@ -245,8 +247,24 @@ def render_segments(
     return segments
 
 
+_ENCODED: weakref.WeakKeyDictionary[Any, OrderedDict] = weakref.WeakKeyDictionary()
+_ENCODED_MAX = 1024
+
+
 def _encode(tokenizer: Any, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False)
+    """Token ids of one rendered piece, memoised per tokenizer: a conversation is re-rendered
+    at every step and all but its last pieces repeat (keyed by vocabulary size too, so added
+    tokens invalidate)."""
+    cache = _ENCODED.setdefault(tokenizer, OrderedDict())
+    key = (len(tokenizer), text)
+    ids = cache.get(key)
+    if ids is None:
+        ids = cache[key] = tuple(tokenizer.encode(text, add_special_tokens=False))
+        if len(cache) > _ENCODED_MAX:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(key)
+    return list(ids)
 
 
 def render_with_mask(

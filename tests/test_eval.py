@@ -1,0 +1,116 @@
+"""The eval stage: reference policies, outputs, and the model-policy plug."""
+
+from __future__ import annotations
+
+import json
+
+import ml_collections
+import pytest
+
+from rcgrpo_jax import eval as eval_stage
+from rcgrpo_jax.envs import bfcl, prompts
+from rcgrpo_jax.envs.reward import EMPTY_TURN
+from rcgrpo_jax.runtime import UserError
+
+
+def make_config(workdir, **eval_overrides) -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(
+        {
+            "workdir": str(workdir),
+            "env": {"max_steps_per_turn": 20},
+            "model": {"chat_format": eval_overrides.pop("chat_format", "qwen")},
+            "eval": {
+                "policy": "ground_truth",
+                "split": "test",
+                "categories": bfcl.CATEGORIES,
+                "max_entries": 0,
+                **eval_overrides,
+            },
+        }
+    )
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_ground_truth_policy_is_100_percent_on_all_800(tmp_path, capsys):
+    summary = eval_stage.run(make_config(tmp_path, split="all"))
+    print(f"\nground-truth evaluation of 800 entries (qwen format): {summary['wall_time_s']:.2f} s")
+    assert summary["num_entries"] == 800 and summary["num_correct"] == 800
+    for category in bfcl.CATEGORIES:
+        assert summary["categories"][category]["n"] == 200
+        assert f"{summary['accuracy'][category]:.2f}" == "100.00"
+    assert summary["accuracy"]["overall"] == 100.0
+    assert summary["wall_time_s"] < 60  # seconds, not minutes
+
+    out = tmp_path / "eval" / "all-ground_truth"
+    rows = read_jsonl(out / "entries.jsonl")
+    assert len(rows) == 800 and {r["id"] for r in rows} == {e.id for e in bfcl.load_all()}
+    assert all(r["reward"] == 1.0 and r["error_type"] is None for r in rows)
+    assert {"id", "category", "reward", "state_ok", "action_ok", "error_type"} <= set(rows[0])
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["accuracy"] == summary["accuracy"]
+    table = (out / "table.txt").read_text()
+    assert table.strip() in capsys.readouterr().out
+    assert len(table.splitlines()) <= 12 and max(map(len, table.splitlines())) <= 100
+
+
+@pytest.mark.parametrize("fmt", ["python", "llama"])
+def test_ground_truth_policy_in_other_formats(tmp_path, fmt):
+    summary = eval_stage.run(make_config(tmp_path, chat_format=fmt))
+    assert summary["num_entries"] == 80
+    assert all(summary["accuracy"][c] == 100.0 for c in bfcl.CATEGORIES)
+
+
+def test_empty_policy_scores_zero_with_empty_turn_errors(tmp_path):
+    config = make_config(tmp_path, policy="empty", max_entries=3, categories=("base", "miss_func"))
+    summary = eval_stage.run(config)
+    assert summary["num_entries"] == 6 and summary["num_correct"] == 0
+    assert set(summary["categories"]) == {"multi_turn_base", "multi_turn_miss_func"}
+    rows = read_jsonl(tmp_path / "eval" / "test-empty" / "entries.jsonl")
+    assert [r["error_type"] for r in rows] == [EMPTY_TURN] * 6
+    assert all(r["steps"] == 0 and not r["action_ok"] for r in rows)
+
+
+def test_config_errors_are_user_errors(tmp_path):
+    with pytest.raises(NotImplementedError, match="generate_fn"):
+        eval_stage.run(make_config(tmp_path, policy="model"))
+    with pytest.raises(UserError):
+        eval_stage.run(make_config(tmp_path, policy="model"))
+    with pytest.raises(UserError, match="policy"):
+        eval_stage.run(make_config(tmp_path, policy="oracle"))
+    with pytest.raises(UserError, match="split"):
+        eval_stage.run(make_config(tmp_path, split="dev"))
+    with pytest.raises(UserError, match="categories"):
+        eval_stage.run(make_config(tmp_path, categories=("multi_turn_web",)))
+
+
+def test_model_policy_plug_with_a_fake_sampler(tmp_path, tokenizer_root):
+    """A generate_fn that answers with the ground truth's tokens scores 100%: the prompts it
+    receives, the decoding and the stop-token handling are those of a real model run."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_root / "qwen2.5"))
+    eot = prompts.end_of_turn_token(tok)
+    config = make_config(tmp_path, policy="model", max_entries=2, batch_size=3)
+    entries = eval_stage.select_entries("test", bfcl.CATEGORIES, 2)
+    mirror = [bfcl.Episode(e, "qwen") for e in entries]  # replays the same trajectories
+    pending: list[bfcl.Episode] = []  # the current round's episodes not yet answered
+
+    def generate_fn(batch: list[list[int]]) -> list[list[int]]:
+        assert 0 < len(batch) <= 3 and all(isinstance(i, int) for p in batch for i in p)
+        if not pending:
+            pending.extend(e for e in mirror if not e.done)
+        group = [pending.pop(0) for _ in batch]
+        out = []
+        for episode, prompt in zip(group, batch, strict=True):
+            assert prompt == prompts.prompt_ids(tok, episode.messages, episode.tools)
+            text = bfcl.ground_truth([episode])[0]
+            episode.step(text)
+            out.append(tok.encode(text + eot + "trailing junk", add_special_tokens=False))
+        return out
+
+    summary = eval_stage.run(config, generate_fn=generate_fn, tokenizer=tok)
+    assert summary["num_entries"] == 8 and summary["accuracy"]["overall"] == 100.0
+    assert all(e.done for e in mirror)

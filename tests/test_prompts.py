@@ -1,0 +1,147 @@
+"""Chat rendering with the real Qwen2.5 / LLaMA-3.1 tokenizers, the loss mask, tool schemas."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rcgrpo_jax.envs import bfcl, prompts
+from rcgrpo_jax.envs.calls import extract_calls
+
+JSON_TYPES = {"object", "array", "string", "number", "integer", "boolean"}
+
+
+def entry_by_id(entry_id):
+    return next(e for e in bfcl.load_entries(entry_id.rsplit("_", 1)[0]) if e.id == entry_id)
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tokenizer_root):
+    from transformers import AutoTokenizer
+
+    out = {}
+    for name in ("qwen2.5", "llama3.1"):
+        tok = AutoTokenizer.from_pretrained(str(tokenizer_root / name))
+        prompts.add_reward_tokens(tok)
+        out[name] = tok
+    return out
+
+
+def played(entry_id: str, fmt: str, reward: int | None = 1) -> bfcl.Episode:
+    episode = bfcl.Episode(entry_by_id(entry_id), fmt, reward_token=reward)
+    bfcl.run_episodes([episode], bfcl.ground_truth)
+    return episode
+
+
+def runs(mask: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of ones."""
+    out, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+def test_tool_schemas_are_json_schema():
+    def check(schema):
+        if "type" in schema:
+            assert schema["type"] in JSON_TYPES
+        for sub in schema.get("properties", {}).values():
+            check(sub)
+        if "items" in schema:
+            check(schema["items"])
+
+    docs = {d["name"]: d for e in bfcl.load_all() for d in e.function_docs}
+    assert len(docs) > 100
+    for doc in docs.values():
+        tool = prompts.tool_schema(doc)
+        params = tool["function"]["parameters"]
+        assert tool["type"] == "function" and tool["function"]["name"] == doc["name"]
+        assert params["type"] == "object"
+        assert params.get("required", []) == doc["parameters"].get("required", [])
+        assert set(params["properties"]) == set(doc["parameters"]["properties"])
+        check(params)
+    # BFCL-only types are mapped.
+    convert = prompts.json_schema
+    assert convert({"type": "float", "description": "x"}) == {"type": "number", "description": "x"}
+    assert convert({"type": "tuple", "items": {"type": "dict"}}) == {
+        "type": "array",
+        "items": {"type": "object"},
+    }
+    assert convert({"type": "any", "description": "y"}) == {"description": "y"}
+    assert convert({"type": "dict", "properties": {"a": {"type": "integer"}}})["type"] == "object"
+
+
+CASES = [
+    ("qwen2.5", "qwen", "multi_turn_miss_func_0", "<|im_end|>"),
+    ("qwen2.5", "python", "multi_turn_base_1", "<|im_end|>"),
+    ("llama3.1", "llama", "multi_turn_miss_param_2", "<|eot_id|>"),
+]
+
+
+@pytest.mark.parametrize(("tok_name", "fmt", "entry_id", "eot"), CASES)
+def test_loss_mask_lines_up_with_assistant_spans(tokenizers, tok_name, fmt, entry_id, eot):
+    tok = tokenizers[tok_name]
+    episode = played(entry_id, fmt)
+    messages, tools = episode.messages, episode.tools
+    ids, mask = prompts.render_with_mask(tok, messages, tools)
+    assert len(ids) == len(mask)
+    text = prompts.render_text(tok, messages, tools)
+    assert tok.decode(ids) == text  # nothing lost or added
+    assert ids == tok.encode(text, add_special_tokens=False)  # same as one-piece tokenization
+
+    assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    spans = runs(mask)
+    assert len(spans) == len(assistant) >= 4
+    eot_id = tok.convert_tokens_to_ids(eot)
+    for i, (start, end) in zip(assistant, spans, strict=True):
+        content = messages[i]["content"]
+        assert tok.decode(ids[start:end]) == content.strip() + eot
+        assert ids[end - 1] == eot_id
+        # The prompt the sampler sees before this message is exactly what precedes the span.
+        prompt = prompts.prompt_ids(tok, messages[:i], tools)
+        assert ids[: len(prompt)] == prompt and len(prompt) == start
+        assert extract_calls(tok.decode(ids[start : end - 1]), fmt) == extract_calls(content, fmt)
+    assert sum(mask) == sum(end - start for start, end in spans)
+    # User and system text are never trained on.
+    unmasked = tok.decode([t for t, k in zip(ids, mask, strict=True) if not k])
+    for m in messages:
+        if m["role"] in ("user", "system"):
+            assert m["content"].strip() in unmasked
+
+
+@pytest.mark.parametrize(("tok_name", "fmt"), [("qwen2.5", "qwen"), ("llama3.1", "llama")])
+def test_reward_token_is_one_unmasked_token_in_the_system_prompt(tokenizers, tok_name, fmt):
+    tok = tokenizers[tok_name]
+    token_ids = {r: tok.convert_tokens_to_ids(t) for r, t in prompts.REWARD_TOKENS.items()}
+    assert token_ids[0] != token_ids[1] and all(i >= 128000 for i in token_ids.values())
+    episode = played("multi_turn_base_7", fmt, reward=1)
+    high_ids, high_mask = prompts.render_with_mask(tok, episode.messages, episode.tools)
+    low = prompts.set_reward_token(episode.messages, 0)
+    low_ids, low_mask = prompts.render_with_mask(tok, low, episode.tools)
+    assert high_ids.count(token_ids[1]) == 1 and token_ids[0] not in high_ids
+    assert len(high_ids) == len(low_ids) and high_mask == low_mask
+    diff = [i for i, (a, b) in enumerate(zip(high_ids, low_ids, strict=True)) if a != b]
+    assert len(diff) == 1 and low_ids[diff[0]] == token_ids[0] and high_mask[diff[0]] == 0
+    assert diff[0] < runs(high_mask)[0][0]  # before the first assistant token
+    none = prompts.set_reward_token(episode.messages, None)
+    assert len(prompts.render_with_mask(tok, none, episode.tools)[0]) == len(high_ids) - 1
+
+
+def test_tools_reach_the_template(tokenizers):
+    episode = bfcl.Episode(entry_by_id("multi_turn_base_0"), "qwen")
+    text = prompts.render_text(tokenizers["qwen2.5"], episode.messages, episode.tools)
+    listed = [
+        json.loads(line) for line in text.split("<tools>\n")[1].split("\n</tools>")[0].split("\n")
+    ]
+    assert listed == episode.tools
+    llama = prompts.render_text(tokenizers["llama3.1"], episode.messages, episode.tools)
+    assert '"name": "mkdir"' in llama and "Environment: ipython" in llama
+    python = bfcl.Episode(entry_by_id("multi_turn_base_0"), "python")
+    assert python.tools is None
+    assert '"name": "mkdir"' in python.messages[0]["content"]
+    assert "[func_name1(params_name1=params_value1" in python.messages[0]["content"]
