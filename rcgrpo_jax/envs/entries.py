@@ -30,9 +30,11 @@ FUNC_DOC_FILES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Entry:
-    """One multi-turn test case with its ground truth. Treat nested values as read-only."""
+    """One multi-turn test case with its ground truth. Treat nested values as read-only.
+
+    Compared and hashed by identity (entries are loaded once and shared)."""
 
     id: str
     category: str  # e.g. "multi_turn_base"
