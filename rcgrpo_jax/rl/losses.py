@@ -1,0 +1,122 @@
+"""The RC-GRPO / GRPO policy loss over a [P, G, T] batch of rollouts.
+
+Batch (all leading dims [P, G]; P prompts × G rollouts):
+- tokens, positions, segments [P, G, T]: the full trajectory (prompt + turns + tool results).
+- loss_mask [P, G, T]: 1 on policy-generated tokens (assistant turns), aligned with tokens.
+- old_logprobs [P, G, T]: log p_old(tokens[t] | < t) from the rollout (0 where not generated).
+- ref_logprobs [P, G, T]: same under the frozen reference policy (only read when kl_beta > 0).
+- rewards [P, G]: the trajectory rewards R(τ); advantages are computed from them in the step.
+- reward_token [P, G]: HIGH / LOW / NONE — only for metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from rcgrpo_jax import models
+from rcgrpo_jax.models import ModelConfig
+from rcgrpo_jax.rl.advantages import HIGH, LOW, degenerate_groups, group_advantages
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLossConfig:
+    clip_low: float = 0.2  # ratio floor 1 - clip_low
+    clip_high: float = 0.28  # ratio ceiling 1 + clip_high (decoupled, as DAPO)
+    kl_beta: float = 0.0  # weight of the k3 KL estimator to the reference policy
+    aggregation: str = "token"  # token: mean over all tokens | sequence: mean of per-seq means
+    adv_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.aggregation not in ("token", "sequence"):
+            raise ValueError(f"aggregation={self.aggregation!r}; expected 'token' or 'sequence'")
+
+
+def logprobs_and_entropy(
+    cfg: ModelConfig, params: Any, tokens: jax.Array, positions: jax.Array, segments: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Per-token log p(tokens[t] | < t) and the policy entropy at t, both [B, T] (0 at t = 0)."""
+    logits, _ = models.apply(cfg, params, tokens, positions, segments)
+    logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(logp_all, tokens[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    pad = jnp.zeros_like(picked[:, :1])
+    return jnp.concatenate([pad, picked], 1), jnp.concatenate([pad, entropy], 1)
+
+
+def policy_loss(
+    cfg: ModelConfig, loss_cfg: PolicyLossConfig, params: Any, batch: Mapping[str, jax.Array]
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Clipped surrogate (+ β·k3 KL) with group advantages computed here from the rewards."""
+    p, g, t = batch["tokens"].shape
+    flat = lambda x: x.reshape(p * g, *x.shape[2:])
+    logp, entropy = logprobs_and_entropy(
+        cfg, params, flat(batch["tokens"]), flat(batch["positions"]), flat(batch["segments"])
+    )
+    logp, entropy = logp.reshape(p, g, t), entropy.reshape(p, g, t)
+    mask = batch["loss_mask"].astype(jnp.float32)
+    mask = mask.at[..., 0].set(0.0)  # nothing predicts the first token
+
+    adv = group_advantages(batch["rewards"], loss_cfg.adv_eps)[..., None]  # vmapped over groups
+    ratio = jnp.exp(logp - batch["old_logprobs"])
+    clipped = jnp.clip(ratio, 1.0 - loss_cfg.clip_low, 1.0 + loss_cfg.clip_high)
+    per_token = -jnp.minimum(ratio * adv, clipped * adv)
+    kl = jnp.zeros_like(per_token)
+    if loss_cfg.kl_beta > 0:
+        log_r = batch["ref_logprobs"] - logp
+        kl = jnp.exp(log_r) - log_r - 1.0  # k3: unbiased, non-negative estimate of KL(π || ref)
+        per_token = per_token + loss_cfg.kl_beta * kl
+
+    n_tok = jnp.sum(mask)
+    seq_tok = jnp.sum(mask, axis=-1)
+    has_tok = (seq_tok > 0).astype(jnp.float32)
+    if loss_cfg.aggregation == "token":
+        weight = n_tok
+        loss = jnp.sum(per_token * mask) / jnp.maximum(n_tok, 1.0)
+    else:
+        weight = jnp.sum(has_tok)
+        seq_loss = jnp.sum(per_token * mask, -1) / jnp.maximum(seq_tok, 1.0)
+        loss = jnp.sum(seq_loss * has_tok) / jnp.maximum(weight, 1.0)
+
+    tok_mean = lambda x: jnp.sum(x * mask) / jnp.maximum(n_tok, 1.0)
+    rewards = batch["rewards"].astype(jnp.float32)
+    rt = batch.get("reward_token", jnp.full((p, g), -1, jnp.int32))
+    is_clipped = (ratio != clipped) & (ratio * adv != clipped * adv)
+    aux = {
+        "weight": weight,
+        "tokens": n_tok,
+        "entropy": tok_mean(entropy),
+        "kl": tok_mean(kl),
+        "clip_frac": tok_mean(is_clipped.astype(jnp.float32)),
+        "ratio": tok_mean(ratio),
+        # group-level sums: exact over microbatches; the loop divides by groups_sum/rollouts_sum
+        "groups_sum": jnp.asarray(p, jnp.float32),
+        "rollouts_sum": jnp.asarray(p * g, jnp.float32),
+        "degenerate_sum": jnp.sum(degenerate_groups(rewards).astype(jnp.float32)),
+        "reward_sum": jnp.sum(rewards),
+        "abs_adv_sum": jnp.sum(jnp.abs(adv)),
+        "high_sum": jnp.sum((rt == HIGH).astype(jnp.float32)),
+        "reward_high_sum": jnp.sum(rewards * (rt == HIGH)),
+        "low_sum": jnp.sum((rt == LOW).astype(jnp.float32)),
+        "reward_low_sum": jnp.sum(rewards * (rt == LOW)),
+    }
+    return loss, aux
+
+
+def summarize(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Turns the step's `_sum` aux values into the logged means (degenerate fraction, ...)."""
+    m = {k: float(v) for k, v in metrics.items()}
+    div = lambda a, b: m[a] / m[b] if m.get(b) else float("nan")
+    out = {k: v for k, v in m.items() if not k.endswith("_sum")}
+    out.update(
+        degenerate_frac=div("degenerate_sum", "groups_sum"),
+        reward_mean=div("reward_sum", "rollouts_sum"),
+        abs_adv_mean=div("abs_adv_sum", "rollouts_sum"),
+        reward_high=div("reward_high_sum", "high_sum"),
+        reward_low=div("reward_low_sum", "low_sum"),
+    )
+    return out

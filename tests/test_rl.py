@@ -1,0 +1,216 @@
+"""RL core: group advantages, reward tokens, the policy loss and the fused train step."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rcgrpo_jax import models, rl
+from rcgrpo_jax.rl.train_step import make_rl_step
+from rcgrpo_jax.train.optim import OptimConfig, make_optimizer
+from rcgrpo_jax.train.state import init_train_state, state_shardings
+
+P, G, T, PROMPT = 4, 4, 12, 5
+CFG = models.ModelConfig(
+    vocab_size=32,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    qkv_bias=True,
+)
+
+
+def np_group_advantages(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    mu = rewards.mean(1, keepdims=True)
+    sd = rewards.std(1, keepdims=True)  # ddof=0
+    same = (rewards == rewards[:, :1]).all(1, keepdims=True)
+    return np.where(same, 0.0, (rewards - mu) / (sd + eps))
+
+
+def test_group_advantages_match_numpy():
+    rng = np.random.default_rng(0)
+    rewards = rng.integers(0, 2, (32, 8)).astype(np.float32)
+    rewards[0], rewards[1] = 0.0, 1.0  # all-fail and all-succeed groups
+    rewards[2] = rng.normal(size=8)  # continuous rewards too
+    rewards[3] = 0.1  # equal non-binary rewards: mean has rounding error, still exactly 0
+    adv = np.asarray(rl.group_advantages(rewards))
+    assert np.isfinite(adv).all()
+    np.testing.assert_allclose(adv, np_group_advantages(rewards.astype(np.float64)), atol=1e-5)
+    assert (adv[[0, 1, 3]] == 0.0).all()
+    assert np.asarray(rl.degenerate_groups(rewards))[:4].tolist() == [True, True, False, True]
+    with pytest.raises(ValueError, match="groups, group_size"):
+        rl.group_advantages(rewards[0])
+
+
+def test_reward_tokens_stratified_and_iid():
+    key = jax.random.key(0)
+    strat = np.asarray(rl.sample_reward_tokens(key, 256, 4, 0.5, stratified=True))
+    assert strat.shape == (256, 4)
+    assert ((strat == rl.HIGH).any(1) & (strat == rl.LOW).any(1)).all()
+    assert (strat.sum(1) == 2).all()
+    assert len({tuple(r) for r in strat}) > 1  # shuffled within groups
+    # even p_high = 0.9 keeps one low token per group when stratified
+    assert (np.asarray(rl.sample_reward_tokens(key, 64, 4, 0.9, stratified=True)).sum(1) == 3).all()
+    iid = np.asarray(rl.sample_reward_tokens(key, 512, 8, 0.25))
+    assert abs(iid.mean() - 0.25) < 0.03  # 4096 Bernoulli draws: sd ≈ 0.007
+    assert (iid.sum(1) == 0).any()  # i.i.d. sampling may give a one-token group
+
+
+def make_batch(params, seed: int = 0, equal_rewards: bool = False, kl: bool = True):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, CFG.vocab_size, (P, G, T)).astype(np.int32)
+    lengths = rng.integers(PROMPT + 3, T + 1, (P, G))
+    segments = (np.arange(T)[None, None] < lengths[..., None]).astype(np.int32)
+    positions = np.broadcast_to(np.arange(T, dtype=np.int32), (P, G, T)).copy()
+    loss_mask = segments * (np.arange(T)[None, None] >= PROMPT)
+    flat = lambda x: x.reshape(P * G, T)
+    logp = np.asarray(
+        rl.train_step.sequence_logprobs(CFG, params, flat(tokens), flat(positions), flat(segments))
+    ).reshape(P, G, T)
+    # rollout log-probs a little off the current policy, so ratios != 1 and some clip
+    old = (logp + rng.normal(0, 0.3, logp.shape)) * loss_mask
+    rewards = rng.integers(0, 2, (P, G)).astype(np.float32)
+    rewards[0] = 1.0  # one degenerate group
+    if equal_rewards:
+        rewards[:] = 1.0
+    batch = dict(
+        tokens=tokens,
+        positions=positions,
+        segments=segments,
+        loss_mask=loss_mask,
+        old_logprobs=old.astype(np.float32),
+        rewards=rewards,
+        reward_token=rng.integers(0, 2, (P, G)).astype(np.int32),
+    )
+    if kl:
+        batch["ref_logprobs"] = (logp + rng.normal(0, 0.2, logp.shape)).astype(np.float32)
+    return batch, logp
+
+
+@pytest.fixture(scope="module")
+def params():
+    return models.init_params(CFG, jax.random.key(1))
+
+
+def np_policy_loss(batch, logp, lc: rl.PolicyLossConfig):
+    adv = np_group_advantages(batch["rewards"].astype(np.float64))[..., None]
+    mask = batch["loss_mask"].astype(np.float64)
+    ratio = np.exp(logp - batch["old_logprobs"])
+    surr = np.minimum(ratio * adv, np.clip(ratio, 1 - lc.clip_low, 1 + lc.clip_high) * adv)
+    log_r = batch["ref_logprobs"] - logp
+    per_tok = -surr + lc.kl_beta * (np.exp(log_r) - log_r - 1)
+    if lc.aggregation == "token":
+        return (per_tok * mask).sum() / mask.sum()
+    return ((per_tok * mask).sum(-1) / mask.sum(-1)).mean()
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_policy_loss_matches_numpy_reference(params, aggregation):
+    lc = rl.PolicyLossConfig(kl_beta=0.05, aggregation=aggregation)
+    batch, logp = make_batch(params)
+    loss_fn = jax.jit(lambda p, b: rl.policy_loss(CFG, lc, p, b))
+    loss, aux = loss_fn(params, {k: jnp.asarray(v) for k, v in batch.items()})
+    assert float(loss) == pytest.approx(np_policy_loss(batch, logp, lc), rel=1e-5, abs=1e-6)
+    assert 0 < float(aux["clip_frac"]) < 1 and float(aux["kl"]) > 0
+    assert float(aux["degenerate_sum"]) == float(
+        np.asarray(rl.degenerate_groups(batch["rewards"])).sum()
+    )
+
+
+def _directional(loss, params, seed: int):
+    """(autodiff, central-difference) derivative of `loss` along a random unit direction."""
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    d = [jax.random.normal(k, x.shape) for k, x in zip(keys, leaves, strict=True)]
+    norm = float(jnp.sqrt(sum(jnp.sum(x * x) for x in d)))
+    direction = treedef.unflatten([x / norm for x in d])
+    grads = jax.jit(jax.grad(loss))(params)
+    analytic = sum(
+        float(jnp.vdot(g, v))
+        for g, v in zip(jax.tree.leaves(grads), jax.tree.leaves(direction), strict=True)
+    )
+    eps = 1e-2
+    shifted = lambda s: jax.tree.map(lambda p, v: p + s * eps * v, params, direction)
+    loss = jax.jit(loss)
+    return analytic, (float(loss(shifted(1))) - float(loss(shifted(-1)))) / (2 * eps)
+
+
+def test_surrogate_gradient_matches_finite_differences(params):
+    # wide clip range: the surrogate is smooth, so central differences are accurate
+    lc = rl.PolicyLossConfig(kl_beta=0.1, clip_low=0.9, clip_high=10.0)
+    batch, _ = make_batch(params, seed=3)
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    analytic, numeric = _directional(lambda p: rl.policy_loss(CFG, lc, p, batch)[0], params, 7)
+    assert abs(analytic) > 1e-3
+    assert numeric == pytest.approx(analytic, rel=1e-2)
+
+
+def test_clipped_tokens_carry_no_gradient(params):
+    """Ratios pushed beyond 1 + clip_high with positive advantage: the surrogate is flat there."""
+    lc = rl.PolicyLossConfig(kl_beta=0.0)
+    batch, logp = make_batch(params, seed=4, kl=False)
+    batch["rewards"][:] = np.tile([1.0, 0.0, 0.0, 0.0], (P, 1))  # rollout 0 of each group: A > 0
+    batch["old_logprobs"] = (logp - 5.0 * (np.arange(G) == 0)[None, :, None]) * batch["loss_mask"]
+    batch["old_logprobs"][:, 1:] = (logp * batch["loss_mask"])[:, 1:]  # others: ratio 1
+    batch["rewards"][:, 1:] = 0.0
+    jb = {k: jnp.asarray(v) for k, v in batch.items()}
+    grad = jax.jit(jax.grad(lambda p, b: rl.policy_loss(CFG, lc, p, b)[0]))
+    g_all = grad(params, jb)
+    only_clipped = dict(jb, loss_mask=jb["loss_mask"] * (jnp.arange(G) == 0)[None, :, None])
+    g_clipped = grad(params, only_clipped)
+    assert float(optax_norm(g_all)) > 0
+    assert float(optax_norm(g_clipped)) == 0.0
+
+
+def optax_norm(tree) -> jax.Array:
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+
+
+def _state(params, mesh, wd=0.0):
+    optimizer = make_optimizer(OptimConfig(lr=1e-2, weight_decay=wd, total_steps=10))
+    psh = models.param_shardings(CFG, mesh)
+    state = init_train_state(params, optimizer, 0, mesh=mesh, param_shardings=psh)
+    return state, optimizer, state_shardings(optimizer, psh, mesh, params)
+
+
+def test_equal_rewards_leave_params_unchanged(params):
+    mesh = models.make_mesh((4, 1, 2))
+    state, optimizer, shardings = _state(params, mesh)
+    step = make_rl_step(
+        CFG, rl.PolicyLossConfig(kl_beta=0.0), optimizer, mesh=mesh, shardings=shardings
+    )
+    batch, _ = make_batch(params, equal_rewards=True, kl=False)
+    before = jax.tree.map(np.asarray, state.params)
+    state, metrics = step(state, batch)
+    assert float(metrics["loss"]) == 0.0 and float(metrics["grad_norm"]) == 0.0
+    jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, state.params))
+    # and a batch with signal does move them
+    batch, _ = make_batch(params, seed=1, kl=False)
+    state, metrics = step(state, batch)
+    assert float(metrics["grad_norm"]) > 0
+    assert not np.array_equal(before["embedding"], np.asarray(state.params["embedding"]))
+
+
+def test_fused_step_equal_on_two_meshes_and_compiles_once(params):
+    lc = rl.PolicyLossConfig(kl_beta=0.05)
+    results = []
+    for shape in [(8, 1, 1), (1, 2, 4)]:
+        mesh = models.make_mesh(shape)
+        state, optimizer, shardings = _state(params, mesh, wd=0.01)
+        step = make_rl_step(CFG, lc, optimizer, mesh=mesh, shardings=shardings, grad_accum=2)
+        losses = []
+        for s in range(3):
+            batch, _ = make_batch(params, seed=10 + s)
+            state, metrics = step(state, batch)
+            losses.append(float(metrics["loss"]))
+        assert step.jitted._cache_size() == 1  # one program for every step
+        results.append((losses, jax.tree.map(np.asarray, state.params)))
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), results[0][1], results[1][1]
+    )
