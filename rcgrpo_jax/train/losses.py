@@ -1,0 +1,160 @@
+"""Masked next-token cross-entropy (SFT / RCTP) and the packing/bucketing of examples into rows.
+
+Batch layout (all [B, T], host numpy or jax arrays):
+- tokens: int32 ids.
+- loss_mask: 1 on tokens that are *predicted* (assistant tokens), 0 elsewhere.
+- segments: packing ids 1, 2, 3, ... per example in the row; 0 = padding.
+- positions: restart at 0 at the start of each segment.
+- loss_weight (optional, [B]): per-row multiplier of the token losses (source weighting; a NaN
+  here is also the clean way to inject a non-finite loss in tests).
+
+Token t+1 is a target of position t only when both lie in the same non-zero segment, so packed
+examples never predict across their boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rcgrpo_jax import models
+from rcgrpo_jax.models import ModelConfig
+
+
+def target_logprobs(
+    cfg: ModelConfig,
+    params: Any,
+    tokens: jax.Array,
+    positions: jax.Array,
+    segments: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """(log p(tokens[:, t+1] | ≤ t) [B, T-1] float32, valid [B, T-1] bool same-segment targets).
+
+    Shared by SFT and RL losses: the RL stage needs exactly these per-token log-probs.
+    """
+    logits, _ = models.apply(cfg, params, tokens, positions, segments)
+    logits = logits[:, :-1].astype(jnp.float32)
+    targets = tokens[:, 1:]
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    valid = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
+    return picked - lse, valid
+
+
+def masked_nll(
+    cfg: ModelConfig, params: Any, batch: Mapping[str, jax.Array]
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Mean NLL over loss tokens: sum(mask·w·nll) / sum(mask). aux has tokens (= the divisor,
+    also the microbatch `weight`), and the unweighted sum for exact per-example comparisons."""
+    logp, valid = target_logprobs(
+        cfg, params, batch["tokens"], batch["positions"], batch["segments"]
+    )
+    mask = (batch["loss_mask"][:, 1:] > 0) & valid
+    nll = -logp
+    if "loss_weight" in batch:
+        nll = nll * batch["loss_weight"].astype(jnp.float32)[:, None]
+    n = jnp.sum(mask.astype(jnp.float32))
+    total = jnp.sum(jnp.where(mask, nll, 0.0))
+    loss = total / jnp.maximum(n, 1.0)
+    return loss, {"tokens": n, "weight": n, "nll_sum": total}
+
+
+def make_sft_loss(cfg: ModelConfig) -> Callable:
+    """loss_fn(params, batch, rng) -> (loss, aux) for `state.make_train_step`."""
+
+    def loss_fn(params, batch, rng):
+        del rng
+        return masked_nll(cfg, params, batch)
+
+    return loss_fn
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+def bucket_length(n: int, buckets: Sequence[int]) -> int:
+    """Smallest bucket ≥ n. Longer than every bucket is an error: we never truncate silently
+    (a cut trajectory would train on a conversation the environment never produced)."""
+    for b in sorted(buckets):
+        if n <= b:
+            return int(b)
+    raise ValueError(
+        f"example of length {n} exceeds the largest bucket {max(buckets)}; "
+        f"raise the bucket/row length or filter long examples upstream"
+    )
+
+
+def pack_examples(
+    examples: Sequence[Mapping[str, Any]],
+    row_len: int,
+    *,
+    pad_id: int = 0,
+) -> dict[str, np.ndarray]:
+    """First-fit packing of whole examples into rows of `row_len` tokens.
+
+    examples: dicts with `tokens` and `loss_mask` (1-D, same length). Returns numpy
+    tokens/loss_mask/segments/positions [R, row_len] plus `example_row`/`example_segment` [N]
+    telling where each input went. Examples are never split; one longer than `row_len` raises.
+    Deterministic: the same input order gives the same rows.
+    """
+    lengths = [len(e["tokens"]) for e in examples]
+    for i, n in enumerate(lengths):
+        if n > row_len:
+            raise ValueError(
+                f"example {i} has {n} tokens > row length {row_len}; examples are never split"
+            )
+        if n == 0:
+            raise ValueError(f"example {i} is empty")
+    free: list[int] = []  # remaining room per row
+    rows: list[list[int]] = []
+    for i, n in enumerate(lengths):
+        for r, room in enumerate(free):
+            if n <= room:
+                rows[r].append(i)
+                free[r] -= n
+                break
+        else:
+            rows.append([i])
+            free.append(row_len - n)
+    out = {
+        "tokens": np.full((len(rows), row_len), pad_id, np.int32),
+        "loss_mask": np.zeros((len(rows), row_len), np.int32),
+        "segments": np.zeros((len(rows), row_len), np.int32),
+        "positions": np.zeros((len(rows), row_len), np.int32),
+    }
+    ex_row = np.zeros(len(examples), np.int32)
+    ex_seg = np.zeros(len(examples), np.int32)
+    for r, members in enumerate(rows):
+        at = 0
+        for seg, i in enumerate(members, start=1):
+            n = lengths[i]
+            out["tokens"][r, at : at + n] = np.asarray(examples[i]["tokens"])
+            out["loss_mask"][r, at : at + n] = np.asarray(examples[i]["loss_mask"])
+            out["segments"][r, at : at + n] = seg
+            out["positions"][r, at : at + n] = np.arange(n)
+            ex_row[i], ex_seg[i] = r, seg
+            at += n
+    out["example_row"], out["example_segment"] = ex_row, ex_seg
+    return out
+
+
+def pad_examples(
+    examples: Sequence[Mapping[str, Any]], buckets: Sequence[int], *, pad_id: int = 0
+) -> dict[str, np.ndarray]:
+    """One example per row, right-padded to the bucket of the longest (bucketing, no packing)."""
+    length = bucket_length(max(len(e["tokens"]) for e in examples), buckets)
+    out = {
+        k: np.full((len(examples), length), pad_id if k == "tokens" else 0, np.int32)
+        for k in ("tokens", "loss_mask", "segments", "positions")
+    }
+    for r, e in enumerate(examples):
+        n = len(e["tokens"])
+        out["tokens"][r, :n] = np.asarray(e["tokens"])
+        out["loss_mask"][r, :n] = np.asarray(e["loss_mask"])
+        out["segments"][r, :n] = 1
+        out["positions"][r, :n] = np.arange(n)
+    return out
