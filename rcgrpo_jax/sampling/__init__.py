@@ -1,1 +1,30 @@
-"""sampling."""
+"""Sampler: jitted KV-cache generation for ragged batches, with multi-turn cache continuation.
+
+`generate` is the one-shot entry point; `Session` keeps each trajectory's cache alive across
+turns for multi-turn rollouts (see `session` for the driving loop); `core` holds the pure jitted
+programs over the `RolloutState` pytree.
+"""
+
+from rcgrpo_jax.sampling.core import RolloutState, SampleMode, compile_count
+from rcgrpo_jax.sampling.session import (
+    Buckets,
+    CapacityError,
+    Generation,
+    Session,
+    Trajectory,
+    TurnOutput,
+    generate,
+)
+
+__all__ = [
+    "Buckets",
+    "CapacityError",
+    "Generation",
+    "RolloutState",
+    "SampleMode",
+    "Session",
+    "Trajectory",
+    "TurnOutput",
+    "compile_count",
+    "generate",
+]

@@ -1,0 +1,319 @@
+"""Device side of the sampler: a rollout-state pytree and the pure jitted programs that act on it.
+
+Cache layout ("compact rows"): row b holds its real tokens at slots [0, end[b]) with no gaps, so a
+token's position equals its slot. Chunks are right-padded and written at `end`; afterwards `end`
+advances by the row's real length only, so padding slots sit beyond `end` and are overwritten by
+the next write. Invariant: `cache.segments[b, s] == 0` for every `s >= end[b]`. Rows therefore
+have independent lengths — ragged prompts, early-stopping rows and per-row tool results of any
+length never leave holes, and no left-padding is needed.
+
+Every jitted function bumps a trace counter (a Python side effect that only runs while tracing),
+so tests can bound how many programs a long run compiles.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from typing import NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from rcgrpo_jax import models
+from rcgrpo_jax.models.config import ModelConfig
+from rcgrpo_jax.models.decoder import CACHE_AXES, KVCache
+from rcgrpo_jax.models.sharding import constrain
+
+_TRACES: collections.Counter[str] = collections.Counter()
+
+
+def compile_count(name: str | None = None) -> int:
+    """Number of programs traced (= compiled) so far, in total or for one jitted function."""
+    return sum(_TRACES.values()) if name is None else _TRACES[name]
+
+
+def _traced(name: str) -> None:
+    _TRACES[name] += 1
+
+
+@flax.struct.dataclass
+class RolloutState:
+    """Everything a batch of trajectories needs on device between turns.
+
+    `logits` are each row's next-token logits (from its last real token), so decoding resumes
+    without recomputing anything; `traj`/`n_sampled` name each row's random stream, which makes
+    samples independent of batch composition, compaction and sharding.
+    """
+
+    cache: KVCache
+    logits: jax.Array  # [B, V] float32
+    traj: jax.Array  # [B] int32 trajectory id; -1 = empty slot
+    n_sampled: jax.Array  # [B] int32 tokens sampled so far by this trajectory
+
+    @property
+    def batch(self) -> int:
+        return self.logits.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
+
+
+class SampleMode(NamedTuple):
+    """The static part of the sampling settings: one program per kind.
+
+    "greedy" takes the argmax; "sample" draws from softmax(logits / temperature); "filtered" also
+    applies top-k and top-p (values passed at run time), which costs a sort of the vocabulary.
+    """
+
+    kind: str  # "greedy" | "sample" | "filtered"
+
+
+class DecodeOut(NamedTuple):
+    tokens: jax.Array  # [B, K] int32, -1 after a row stopped
+    logprobs: jax.Array  # [B, K] float32
+    n_new: jax.Array  # [B] int32
+    stopped: jax.Array  # [B] bool: the row sampled one of its stop tokens
+
+
+def _constrain_state(state: RolloutState) -> RolloutState:
+    c = state.cache
+    cache = KVCache(
+        k=constrain(c.k, CACHE_AXES),
+        v=constrain(c.v, CACHE_AXES),
+        segments=constrain(c.segments, ("cache_batch", "cache_len")),
+        end=constrain(c.end, ("cache_batch",)),
+    )
+    return RolloutState(
+        cache=cache,
+        logits=constrain(state.logits, ("cache_batch", None)),
+        traj=constrain(state.traj, ("cache_batch",)),
+        n_sampled=constrain(state.n_sampled, ("cache_batch",)),
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def init_state(cfg: ModelConfig, capacity: int, traj: jax.Array) -> RolloutState:
+    """An empty state with one row per entry of `traj` [B] (trajectory ids, -1 = unused row)."""
+    _traced("init_state")
+    batch = traj.shape[0]
+    return _constrain_state(
+        RolloutState(
+            cache=models.init_cache(cfg, batch, capacity),
+            logits=jnp.zeros((batch, cfg.vocab_size), jnp.float32),
+            traj=traj.astype(jnp.int32),
+            n_sampled=jnp.zeros((batch,), jnp.int32),
+        )
+    )
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def prefill(
+    cfg: ModelConfig, params: models.Params, state: RolloutState, tokens: jax.Array, lens: jax.Array
+) -> RolloutState:
+    """Appends a right-padded chunk `tokens` [B, T] with real lengths `lens` [B] to every row.
+
+    Rows with `lens == 0` are untouched (their logits are kept). The caller guarantees
+    `end + T <= capacity` for every row (checked on the host).
+    """
+    _traced("prefill")
+    t = tokens.shape[1]
+    end = state.cache.end
+    steps = jnp.arange(t, dtype=jnp.int32)[None, :]
+    positions = end[:, None] + steps
+    segments = (steps < lens[:, None]).astype(jnp.int32)
+    logits, cache = models.apply(
+        cfg, params, tokens, positions, segments, state.cache, jnp.maximum(lens - 1, 0)
+    )
+    cache = cache.replace(end=end + lens)
+    logits = jnp.where(lens[:, None] > 0, logits[:, 0], state.logits)
+    return _constrain_state(state.replace(cache=cache, logits=logits))
+
+
+def _filter_logits(x: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Top-k (0 = off), then nucleus (top-p) filtering of temperature-scaled logits [B, V].
+
+    Same order as transformers; ties at either cut-off are kept. One sort serves both cuts, and
+    both thresholds are traced values, so changing them never recompiles.
+    """
+    vocab = x.shape[-1]
+    desc = -jnp.sort(-x, axis=-1)
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+    kth = jax.lax.dynamic_slice_in_dim(desc, k - 1, 1, axis=-1)
+    desc = jnp.where(desc < kth, -jnp.inf, desc)
+    probs = jax.nn.softmax(desc, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep = mass_before < top_p  # the smallest prefix whose mass reaches top_p (>= 1 token)
+    cutoff = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where((x < kth) | (x < cutoff), -jnp.inf, x)
+
+
+def sample(
+    logits: jax.Array,
+    keys: jax.Array,
+    mode: SampleMode,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """One token per row from `logits` [B, V]; returns (tokens, log p(token) at temperature 1).
+
+    The log-prob is under the unfiltered policy, which is what the RL loss uses as old log-probs.
+    """
+    if mode.kind == "greedy":
+        tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    else:
+        x = logits / temperature
+        if mode.kind == "filtered":
+            x = _filter_logits(x, top_k, top_p)
+        tok = jax.vmap(jax.random.categorical)(keys, x).astype(jnp.int32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+
+
+def _row_keys(base: jax.Array, traj: jax.Array, n_sampled: jax.Array) -> jax.Array:
+    return jax.vmap(lambda t, n: jax.random.fold_in(jax.random.fold_in(base, t), n))(
+        traj, n_sampled
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=4)
+def decode(
+    cfg: ModelConfig,
+    mode: SampleMode,
+    steps: int,
+    params: models.Params,
+    state: RolloutState,
+    base_key: jax.Array,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+    budget: jax.Array,
+    stop_ids: jax.Array,
+) -> tuple[RolloutState, DecodeOut]:
+    """Samples up to `steps` tokens per row in one `lax.while_loop`.
+
+    budget [B]: tokens this row may still sample (0 = row idle); stop_ids [B, M]: per-row stop
+    tokens, -1 padded. A row stops after sampling a stop token (kept, and written to the cache)
+    or when its budget is spent; stopped rows no longer advance their cache (their writes are
+    padding at `end`, overwritten later); the loop exits as soon as every row has stopped. Every
+    sampled token is fed through the model, so the state is ready for an append or more decoding.
+    """
+    _traced("decode")
+    b = state.batch
+    done0 = budget <= 0
+    init = (
+        jnp.int32(0),
+        state,
+        done0,
+        jnp.full((b, steps), -1, jnp.int32),
+        jnp.zeros((b, steps), jnp.float32),
+        jnp.zeros((b,), jnp.int32),
+        jnp.zeros((b,), jnp.bool_),
+    )
+
+    def cond(carry):
+        i, _, done, *_ = carry
+        return (i < steps) & ~jnp.all(done)
+
+    def body(carry):
+        i, st, done, toks, lps, n_new, stopped = carry
+        keys = _row_keys(base_key, st.traj, st.n_sampled)
+        tok, lp = sample(st.logits, keys, mode, temperature, top_k, top_p)
+        live = ~done
+        toks = jax.lax.dynamic_update_slice_in_dim(toks, jnp.where(live, tok, -1)[:, None], i, 1)
+        lps = jax.lax.dynamic_update_slice_in_dim(lps, jnp.where(live, lp, 0.0)[:, None], i, 1)
+        n_new = n_new + live
+        hit = live & jnp.any(tok[:, None] == stop_ids, axis=-1)
+        seg = live.astype(jnp.int32)
+        end = st.cache.end
+        logits, cache = models.apply(
+            cfg, params, tok[:, None], end[:, None], seg[:, None], st.cache
+        )
+        st = RolloutState(
+            cache=cache.replace(end=end + seg),
+            logits=jnp.where(live[:, None], logits[:, 0], st.logits),
+            traj=st.traj,
+            n_sampled=st.n_sampled + seg,
+        )
+        done = done | hit | (n_new >= budget)
+        return i + 1, _constrain_state(st), done, toks, lps, n_new, stopped | hit
+
+    _, state, _, toks, lps, n_new, stopped = jax.lax.while_loop(cond, body, init)
+    return _constrain_state(state), DecodeOut(toks, lps, n_new, stopped)
+
+
+def _take_rows(state: RolloutState, idx: jax.Array) -> RolloutState:
+    """Rows `idx` of the state; an index past the end gives an empty slot."""
+
+    def take(x: jax.Array, axis: int, fill) -> jax.Array:
+        return jnp.take(x, idx, axis=axis, mode="fill", fill_value=fill)
+
+    c = state.cache
+    return RolloutState(
+        cache=KVCache(
+            k=take(c.k, 1, 0),
+            v=take(c.v, 1, 0),
+            segments=take(c.segments, 0, 0),
+            end=take(c.end, 0, 0),
+        ),
+        logits=take(state.logits, 0, 0),
+        traj=take(state.traj, 0, -1),
+        n_sampled=take(state.n_sampled, 0, 0),
+    )
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def gather_rows(cfg: ModelConfig, state: RolloutState, idx: jax.Array) -> RolloutState:
+    """A smaller state made of rows `idx` [B'] (indices >= B give empty rows)."""
+    del cfg  # only keys the compile cache per model
+    _traced("gather_rows")
+    return _constrain_state(_take_rows(state, idx))
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
+def scatter_rows(
+    cfg: ModelConfig, state: RolloutState, sub: RolloutState, idx: jax.Array
+) -> RolloutState:
+    """Writes the rows of `sub` back to rows `idx` of `state` (indices >= B are dropped)."""
+    del cfg
+    _traced("scatter_rows")
+
+    def put(x: jax.Array, y: jax.Array, axis: int) -> jax.Array:
+        if axis == 0:
+            return x.at[idx].set(y, mode="drop")
+        return x.at[:, idx].set(y, mode="drop")
+
+    c, s = state.cache, sub.cache
+    return _constrain_state(
+        RolloutState(
+            cache=KVCache(
+                k=put(c.k, s.k, 1),
+                v=put(c.v, s.v, 1),
+                segments=put(c.segments, s.segments, 0),
+                end=put(c.end, s.end, 0),
+            ),
+            logits=put(state.logits, sub.logits, 0),
+            traj=put(state.traj, sub.traj, 0),
+            n_sampled=put(state.n_sampled, sub.n_sampled, 0),
+        )
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2), donate_argnums=1)
+def grow(cfg: ModelConfig, state: RolloutState, capacity: int) -> RolloutState:
+    """The same state with a longer cache (new slots empty)."""
+    del cfg
+    _traced("grow")
+    c = state.cache
+    extra = capacity - c.capacity
+    pad_kv = ((0, 0), (0, 0), (0, extra), (0, 0), (0, 0))
+    cache = KVCache(
+        k=jnp.pad(c.k, pad_kv),
+        v=jnp.pad(c.v, pad_kv),
+        segments=jnp.pad(c.segments, ((0, 0), (0, extra))),
+        end=c.end,
+    )
+    return _constrain_state(state.replace(cache=cache))

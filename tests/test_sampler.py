@@ -1,0 +1,183 @@
+"""Sampler correctness against transformers and against fresh prefills of the whole history."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rcgrpo_jax import models, sampling
+from rcgrpo_jax.sampling import core
+
+PROMPT_LENS = (5, 17, 11, 6)  # ragged: lengths differ by >= 5
+NEW = 32
+# One cache length and one prefill chunk length for every call in this module (longer histories
+# are prefilled in several chunks), so the tests share a few compiled programs.
+BUCKETS = sampling.Buckets(cache_min=256, chunk_min=32, chunk_max=32)
+
+
+def _prompts(vocab: int, lens=PROMPT_LENS, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, vocab, n).tolist() for n in lens]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """transformers' generate is ~6x slower with oversubscribed threads on a busy 2-core box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _hf_greedy(model, prompt: list[int], new: int, eos: list[int] | None) -> list[int]:
+    """transformers greedy generation of one unpadded row (the exact reference)."""
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=new,
+            do_sample=False,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def _hf_logprobs(model, prompt: list[int], new: list[int]) -> np.ndarray:
+    """log p(new[j] | prompt + new[:j]) from one full transformers forward pass, in f32."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + new])).logits[0].float()
+    logp = torch.log_softmax(logits, dim=-1).numpy()
+    return np.array([logp[len(prompt) - 1 + j, t] for j, t in enumerate(new)])
+
+
+@pytest.fixture(scope="module")
+def loaded(hf_models):
+    return {name: models.load_hf(hf_models[name][1]) for name in ("qwen2", "llama")}
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama"])
+def test_greedy_matches_transformers_with_stops(hf_models, loaded, name):
+    torch_model = hf_models[name][0]
+    cfg, params = loaded[name]
+    prompts = _prompts(cfg.vocab_size)
+    out = sampling.generate(cfg, params, prompts, NEW, buckets=BUCKETS)
+    assert out.lengths == [NEW] * len(prompts)
+    for p, got, lp in zip(prompts, out.tokens, out.logprobs, strict=True):
+        assert got == _hf_greedy(torch_model, p, NEW, None)
+        np.testing.assert_allclose(lp, _hf_logprobs(torch_model, p, got), atol=1e-4, rtol=0)
+
+    # Stop tokens: two ids taken from the middle of two rows' greedy outputs.
+    stops = [out.tokens[0][9], out.tokens[2][4]]
+    cut = sampling.generate(cfg, params, prompts, NEW, stop_token_ids=stops, buckets=BUCKETS)
+    assert any(n < NEW for n in cut.lengths)
+    for p, full, got, hit in zip(prompts, out.tokens, cut.tokens, cut.stopped, strict=True):
+        first = next((i for i, t in enumerate(full) if t in stops), None)
+        assert got == (full if first is None else full[: first + 1])  # stop token kept
+        assert hit == (first is not None)
+        if first is not None:
+            assert got == _hf_greedy(torch_model, p, NEW, stops)
+
+    # Per-row stop sets: each row only honours its own.
+    per_row = [[stops[0]], [], [stops[1]], []]
+    own = sampling.generate(cfg, params, prompts, NEW, stop_token_ids=per_row, buckets=BUCKETS)
+    for full, got, mine in zip(out.tokens, own.tokens, per_row, strict=True):
+        first = next((i for i, t in enumerate(full) if t in mine), None)
+        assert got == (full if first is None else full[: first + 1])
+
+
+def test_sampled_logprobs_equal_full_forward(hf_models, loaded):
+    """Log-probs of sampled (top-k filtered) tokens are the unfiltered policy's, at T=1."""
+    torch_model = hf_models["qwen2"][0]
+    cfg, params = loaded["qwen2"]
+    prompts = _prompts(cfg.vocab_size)
+    out = sampling.generate(
+        cfg, params, prompts, NEW, temperature=0.8, top_k=20, seed=3, buckets=BUCKETS
+    )
+    for p, g, lp in zip(prompts, out.tokens, out.logprobs, strict=True):
+        assert len(lp) == len(g) == NEW
+        np.testing.assert_allclose(lp, _hf_logprobs(torch_model, p, g), atol=1e-4, rtol=0)
+
+
+def test_multi_turn_continuation_equals_fresh_prefill(loaded):
+    """3 turns, per-row tool text of different lengths, rows finishing at different turns: every
+    turn's tokens equal greedy decoding after a fresh prefill of the whole history."""
+    cfg, params = loaded["qwen2"]
+    rng = np.random.default_rng(1)
+    prompts = _prompts(cfg.vocab_size, lens=(4, 9, 15, 6, 12, 20), seed=1)
+    budgets = [{r: 6 + 2 * r for r in range(6)}, 10, {r: 12 - r for r in range(6)}]
+    # After turn 1 only row 5 ends and only rows 0-3 get tool text (row 4 just continues), so
+    # the append runs on a gathered sub-batch; after turn 2 three more rows end (compaction).
+    tool_lens = [{0: 3, 1: 11, 2: 1, 3: 20}, {1: 25, 3: 5}]
+    finish_after = [[5], [0, 2, 4]]
+    batch_before = [8, 8, 4]
+
+    sess = sampling.Session(cfg, params, buckets=BUCKETS)
+    sess.start(prompts)
+    history = [list(p) for p in prompts]
+    prefill = [len(p) for p in prompts]
+    for turn, budget in enumerate(budgets):
+        live = sess.live_rows
+        assert sess.state.batch == batch_before[turn]
+        stop = [int(history[live[0]][-1])]  # a token likely to recur, so some rows stop early
+        got = sess.decode_turn(budget, stop_token_ids=stop)
+        assert sorted(got.tokens) == live
+        ref_budget = (
+            budget if isinstance(budget, int) else {i: budget[r] for i, r in enumerate(live)}
+        )
+        fresh = sampling.Session(cfg, params, buckets=BUCKETS)
+        fresh.start([history[r] for r in live])
+        ref = fresh.decode_turn(ref_budget, stop_token_ids=stop)
+        for i, r in enumerate(live):
+            assert got.tokens[r] == ref.tokens[i], (turn, r)
+            np.testing.assert_allclose(got.logprobs[r], ref.logprobs[i], atol=1e-4)
+            history[r] += got.tokens[r]
+        if turn == len(budgets) - 1:
+            break
+        sess.finish(finish_after[turn])
+        tool = {r: rng.integers(3, cfg.vocab_size, n).tolist() for r, n in tool_lens[turn].items()}
+        for r, t in tool.items():
+            history[r] += t
+            prefill[r] += len(t)
+        sess.append(tool)
+
+    assert sess.live_rows == [1, 3]
+    for r in range(len(prompts)):
+        traj = sess.trajectory(r)
+        assert traj.tokens == history[r]
+        assert traj.prefill_tokens == prefill[r]  # each token prefilled once, never recomputed
+        assert sum(traj.sampled) == len(history[r]) - prefill[r]
+    assert sess.prefill_tokens == prefill
+
+
+def test_compile_count_bounded(loaded):
+    """20 calls with 20 different prompt lengths compile a handful of programs, then none."""
+    cfg, params = loaded["qwen2"]
+    calls = [_prompts(cfg.vocab_size, lens=(n, max(1, n - 2), n + 1), seed=n) for n in range(2, 22)]
+    assert len({max(map(len, c)) for c in calls}) == 20
+    before = sampling.compile_count()
+    outs = [sampling.generate(cfg, params, c, NEW, stop_token_ids=[7], buckets=BUCKETS)
+            for c in calls]  # fmt: skip
+    first = sampling.compile_count() - before
+    assert first <= 3, dict(core._TRACES)  # at most init + prefill + decode here
+    for c, o in zip(calls[::5], outs[::5], strict=True):
+        again = sampling.generate(cfg, params, c, NEW, stop_token_ids=[7], buckets=BUCKETS)
+        assert again.tokens == o.tokens
+    assert sampling.compile_count() - before == first
+
+
+def test_capacity_and_input_errors(loaded):
+    cfg, params = loaded["qwen2"]
+    sess = sampling.Session(cfg, params, max_len=256, buckets=BUCKETS)
+    sess.start([[5] * 230])  # prefilled in 8 chunks
+    assert sess.prefill_tokens == [230]
+    with pytest.raises(sampling.CapacityError, match="max_len=256"):
+        sess.decode_turn(64)
+    with pytest.raises(ValueError, match="outside"):
+        sampling.generate(cfg, params, [[cfg.vocab_size]], 4, buckets=BUCKETS)
+    sess2 = sampling.Session(cfg, params, buckets=BUCKETS)
+    sess2.start([[5, 6], [7]])
+    sess2.finish([1])
+    with pytest.raises(ValueError, match="finished"):
+        sess2.append({1: [3]})
