@@ -250,3 +250,54 @@ def test_optimizer_schedule_and_decay_mask():
     assert mask["layers"]["attn"]["wq"] and not mask["layers"]["attn_norm"]["scale"]
     with pytest.raises(ValueError, match="unknown optimizer config keys"):
         optim.OptimConfig.from_dict({"lr": 1.0, "learning_rate": 2.0})
+
+
+class _WeightedIter:
+    """A grain iterator whose batches gain loss_weight; checkpointable like the one it wraps."""
+
+    def __init__(self, it):
+        self.it = it
+
+    def __next__(self):
+        return _weighted(next(self.it))
+
+    def get_state(self):
+        return self.it.get_state()
+
+    def set_state(self, s):
+        self.it.set_state(s)
+
+
+def test_train_loop_writes_metrics_and_resumes(tmp_path: Path, setup_124, host_params):
+    from rcgrpo_jax.train import loop, metrics
+
+    s = setup_124
+    target = st.abstract_train_state(s.opt, models.param_shapes(CFG), s.shardings)
+    fpt = metrics.flops_per_token(CFG, ROW)
+
+    def run(num_steps):
+        it = _WeightedIter(iter(_loader()))
+        ckpt = checkpoint.Checkpointer(tmp_path / "ckpt", save_every=2, keep=5)
+        state = loop.restore_or_init(ckpt, target, lambda: s.fresh(host_params), it)
+        with metrics.MetricsWriter(tmp_path, total_steps=num_steps, progress=False) as w:
+            state, hist = loop.train_loop(
+                s.step,
+                state,
+                it,
+                num_steps,
+                checkpointer=ckpt,
+                writer=w,
+                flops_per_token=fpt,
+                peak_flops=1e12,
+            )
+        ckpt.close()
+        return state, hist, ckpt.all_steps()
+
+    state, hist, steps = run(3)
+    assert int(state.step) == 3 and [h["step"] for h in hist] == [1, 2, 3]
+    assert steps == [2, 3]  # every 2 steps, plus the forced final save
+    assert all(h["tokens_per_s"] > 0 and h["mfu"] > 0 for h in hist)
+    state, hist, steps = run(4)  # resumes at 3: one more step, from the saved batch position
+    assert int(state.step) == 4 and [h["step"] for h in hist] == [4]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and steps == [2, 3, 4]

@@ -52,9 +52,9 @@ def to_record(ex: Mapping[str, Any]) -> dict[str, Any]:
     mask = np.asarray(ex["loss_mask"], np.uint8)
     if tokens.ndim != 1 or tokens.shape != mask.shape:
         raise ValueError(f"tokens {tokens.shape} and loss_mask {mask.shape} must be equal 1-D")
-    label = int(ex["label"])
-    if label not in (0, 1):
+    if np.asarray(ex["label"]).item() not in (0, 1):
         raise ValueError(f"label must be 0 or 1, got {ex['label']!r}")
+    label = int(np.asarray(ex["label"]).item())
     return {
         "tokens": tokens,
         "loss_mask": mask,

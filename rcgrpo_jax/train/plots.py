@@ -60,7 +60,7 @@ def plot_metrics(
                 ax.plot(xs, _smooth(ys, smooth), label=label, linewidth=1.2)
         ax.set_ylabel(key)
         ax.grid(alpha=0.3)
-        if len(data) > 1:
+        if len(data) > 1 and ax.get_lines():
             ax.legend(fontsize=8)
     axes[-1, 0].set_xlabel("step")
     if title:

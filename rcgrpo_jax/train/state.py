@@ -166,6 +166,8 @@ def _microbatches(batch: Batch, n: int) -> dict[str, jax.Array]:
     stays spread over the data-parallel devices instead of living on a few of them."""
 
     def split(x):
+        if x.ndim == 0:  # batch-wide scalars go to every microbatch
+            return jnp.broadcast_to(x, (n,))
         if x.shape[0] % n:
             raise ValueError(f"batch dim {x.shape[0]} is not divisible by grad_accum={n}")
         x = x.reshape((x.shape[0] // n, n) + x.shape[1:])
