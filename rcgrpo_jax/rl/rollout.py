@@ -1,0 +1,211 @@
+"""Multi-turn group rollouts: P prompts × G trajectories, each row with its own KV cache.
+
+Every trajectory is an `Episode` of the environment (text in, messages out) driven by one row of
+a sampler `Session`. After each assistant step, only the tokens that follow it (tool results, the
+next user message, the generation prompt) are appended to that row's cache; the sampled tokens
+stay exactly as sampled, so the training sequence is the sequence the policy conditioned on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rcgrpo_jax.envs import prompts
+from rcgrpo_jax.envs.episode import Episode
+from rcgrpo_jax.envs.reward import RewardResult
+from rcgrpo_jax.models import ModelConfig, Params
+from rcgrpo_jax.rl.advantages import NONE
+from rcgrpo_jax.sampling import Session
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSettings:
+    chat_format: str = "qwen"
+    max_new_tokens: int = 256  # per assistant step
+    max_len: int = 4096  # tokens per trajectory (= the train step's T)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_steps_per_turn: int = 20
+
+
+@dataclasses.dataclass
+class Rollouts:
+    """A [P, G] batch of finished trajectories, padded to T = settings.max_len."""
+
+    tokens: np.ndarray  # [P, G, T] int32
+    segments: np.ndarray  # [P, G, T] int32: 1 real, 0 padding
+    loss_mask: np.ndarray  # [P, G, T] int32: 1 on sampled tokens
+    old_logprobs: np.ndarray  # [P, G, T] float32: sampler log-probs (0 where not sampled)
+    rewards: np.ndarray  # [P, G] float32
+    reward_token: np.ndarray  # [P, G] int32 (HIGH / LOW / NONE)
+    results: list[list[RewardResult]]
+    entry_ids: list[str]
+    stats: dict[str, float]
+
+    @property
+    def positions(self) -> np.ndarray:
+        return np.broadcast_to(np.arange(self.tokens.shape[-1], dtype=np.int32), self.tokens.shape)
+
+    def batch(self) -> dict[str, np.ndarray]:
+        """The fused train step's inputs."""
+        return {
+            "tokens": self.tokens,
+            "positions": np.ascontiguousarray(self.positions),
+            "segments": self.segments,
+            "loss_mask": self.loss_mask,
+            "old_logprobs": self.old_logprobs,
+            "rewards": self.rewards,
+            "reward_token": self.reward_token,
+        }
+
+
+def continuation_ids(tokenizer: Any, episode: Episode) -> list[int]:
+    """Tokens the template puts after the last assistant message (tool results, next user turn,
+    generation prompt) — the same pieces `prompts.prompt_ids` would produce there."""
+    segments = prompts.render_segments(
+        tokenizer, episode.messages, episode.tools, add_generation_prompt=True
+    )
+    last = max(i for i, (_, is_assistant) in enumerate(segments) if is_assistant)
+    return [t for text, _ in segments[last + 1 :] for t in prompts._encode(tokenizer, text)]
+
+
+def stop_ids(tokenizer: Any) -> list[int]:
+    eot = tokenizer.convert_tokens_to_ids(prompts.end_of_turn_token(tokenizer))
+    ids = {eot}
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
+
+
+def collect(
+    cfg: ModelConfig,
+    params: Params,
+    tokenizer: Any,
+    entries: Sequence[Any],
+    reward_tokens: np.ndarray,
+    settings: RolloutSettings,
+    *,
+    seed: int = 0,
+    mesh: Any = None,
+) -> Rollouts:
+    """Runs len(entries) × G trajectories to the end and returns them padded for training.
+
+    reward_tokens [P, G]: the token each rollout is conditioned on (NONE: no token, plain GRPO).
+    A trajectory that would outgrow `max_len` is ended there and scored on what it decoded.
+    """
+    t0 = time.perf_counter()
+    p, g = reward_tokens.shape
+    if len(entries) != p:
+        raise ValueError(f"{len(entries)} entries for reward_tokens of shape {reward_tokens.shape}")
+    episodes = [
+        Episode(
+            entries[i], settings.chat_format, max_steps_per_turn=settings.max_steps_per_turn,
+            reward_token=None if int(reward_tokens[i, j]) == NONE else int(reward_tokens[i, j]),
+        )
+        for i in range(p) for j in range(g)
+    ]  # fmt: skip
+    start = [prompts.prompt_ids(tokenizer, e.messages, e.tools) for e in episodes]
+    too_long = [i for i, s in enumerate(start) if len(s) >= settings.max_len]
+    if too_long:
+        raise ValueError(
+            f"prompt of {entries[too_long[0] // g].id} has {len(start[too_long[0]])} tokens, "
+            f">= max_len={settings.max_len}"
+        )
+    stops = stop_ids(tokenizer)
+    eot = (
+        stops[0]
+        if len(stops) == 1
+        else tokenizer.convert_tokens_to_ids(prompts.end_of_turn_token(tokenizer))
+    )
+    session = Session(
+        cfg, params, temperature=settings.temperature, top_p=settings.top_p,
+        top_k=settings.top_k, seed=seed, mesh=mesh, max_len=settings.max_len,
+    )  # fmt: skip
+    session.start(start, reserve=settings.max_new_tokens)
+    length = [len(s) for s in start]
+    truncated = [False] * len(episodes)
+    assistant_steps = 0
+    while session.live_rows:
+        # 2 slots of headroom: the sampler writes one padding token after a row's last token
+        budget = {
+            r: min(settings.max_new_tokens, settings.max_len - 2 - length[r])
+            for r in session.live_rows
+        }
+        full = [r for r, b in budget.items() if b <= 0]
+        for r in full:
+            truncated[r] = True
+        session.finish(full)
+        rows = session.live_rows
+        if not rows:
+            break
+        out = session.decode_turn({r: budget[r] for r in rows}, stops)
+        done, appends = [], {}
+        for r in rows:
+            toks = out.tokens[r]
+            length[r] += len(toks)
+            text_ids = toks[:-1] if out.stopped[r] else toks
+            step = episodes[r].step(tokenizer.decode(text_ids, skip_special_tokens=False))
+            assistant_steps += 1
+            if step.done:
+                done.append(r)
+                continue
+            # an unfinished message is closed by the template: the model did not sample that
+            more = ([] if out.stopped[r] else [eot]) + continuation_ids(tokenizer, episodes[r])
+            if length[r] + len(more) + 2 >= settings.max_len:
+                truncated[r] = True
+                done.append(r)
+                continue
+            appends[r] = more
+            length[r] += len(more)
+        session.finish(done)
+        session.append(appends)
+    rollout_s = time.perf_counter() - t0
+    return _pack(
+        session, episodes, reward_tokens, truncated, entries, settings, rollout_s, assistant_steps
+    )
+
+
+def _pack(session, episodes, reward_tokens, truncated, entries, settings, rollout_s, steps):
+    p, g = reward_tokens.shape
+    t = settings.max_len
+    tokens = np.zeros((p, g, t), np.int32)
+    segments = np.zeros((p, g, t), np.int32)
+    loss_mask = np.zeros((p, g, t), np.int32)
+    old = np.zeros((p, g, t), np.float32)
+    results = [[None] * g for _ in range(p)]
+    rewards = np.zeros((p, g), np.float32)
+    sampled_tokens = 0
+    for r, episode in enumerate(episodes):
+        i, j = divmod(r, g)
+        traj = session.trajectory(r)
+        n = len(traj.tokens)
+        tokens[i, j, :n] = traj.tokens
+        segments[i, j, :n] = 1
+        mask = np.asarray(traj.sampled, bool)
+        loss_mask[i, j, :n] = mask
+        old[i, j, :n] = np.where(mask, np.nan_to_num(np.asarray(traj.logprobs, np.float32)), 0.0)
+        sampled_tokens += int(mask.sum())
+        result = episode.result()
+        results[i][j] = result
+        rewards[i, j] = result.reward
+    prefill = session.prefill_tokens
+    stats = {
+        "rollout_s": rollout_s,
+        "assistant_steps": float(steps),
+        "sampled_tokens": float(sampled_tokens),
+        "prefill_tokens": float(sum(prefill)),
+        "trajectory_tokens": float(segments.sum()),
+        "truncated": float(sum(truncated)),
+        "sampled_tokens_per_s": sampled_tokens / max(rollout_s, 1e-9),
+    }
+    return Rollouts(
+        tokens=tokens, segments=segments, loss_mask=loss_mask, old_logprobs=old,
+        rewards=rewards, reward_token=np.asarray(reward_tokens, np.int32), results=results,
+        entry_ids=[e.id for e in entries], stats=stats,
+    )  # fmt: skip
