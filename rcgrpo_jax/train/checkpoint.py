@@ -109,6 +109,10 @@ class Checkpointer:
                     shutil.rmtree(dst)
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(src), str(dst))
+        if jax.process_count() > 1:  # every host must see the move before re-listing steps
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"rcgrpo_ckpt_quarantine_{step}")
         self.manager.reload()
 
     def wait(self) -> None:

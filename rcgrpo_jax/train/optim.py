@@ -52,15 +52,17 @@ class OptimConfig:
 
 
 def make_schedule(cfg: OptimConfig) -> optax.Schedule:
-    """0 → lr linearly over warmup_steps, then cosine to lr·min_lr_ratio at total_steps."""
+    """lr·(n+1)/warmup_steps for update n < warmup_steps (so the first update is not wasted at
+    lr 0), then cosine to lr·min_lr_ratio, reached at update total_steps-1."""
     warmup = min(cfg.warmup_steps, cfg.total_steps)
-    return optax.warmup_cosine_decay_schedule(
+    base = optax.warmup_cosine_decay_schedule(
         init_value=0.0 if warmup else cfg.lr,
         peak_value=cfg.lr,
         warmup_steps=warmup,
         decay_steps=max(cfg.total_steps, warmup + 1),
         end_value=cfg.lr * cfg.min_lr_ratio,
     )
+    return lambda count: base(count + 1)
 
 
 def decay_mask(params: Any) -> Any:
