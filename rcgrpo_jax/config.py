@@ -57,10 +57,13 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.eval = ml_collections.ConfigDict()
     c.eval.policy = "model"  # model | ground_truth | empty
-    c.eval.split = "test"  # test | train
+    c.eval.split = "test"  # test | train | all
     c.eval.categories = BFCL_CATEGORIES
     c.eval.max_entries = 0  # 0 = all entries of the split
     c.eval.max_new_tokens = 512  # per assistant step
+    c.eval.max_len = 16384  # tokens per trajectory (prompt + all turns)
     c.eval.temperature = 0.0  # greedy
+    c.eval.batch_size = 0  # entries decoded together (0 = all at once)
+    c.eval.reward_token = ml_collections.config_dict.placeholder(int)  # None | 1 high | 0 low
 
     return c

@@ -144,8 +144,48 @@ def format_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(config: Any, generate_fn: bfcl.GenerateFn | None = None, tokenizer: Any = None) -> dict:
-    """Evaluate `config.eval.policy` on `config.eval.split`; write outputs; return the summary."""
+def model_episodes(
+    config: Any, entries: Sequence[bfcl.Entry], model: tuple[Any, Any], tokenizer: Any, mesh: Any
+) -> list[bfcl.Episode]:
+    """Runs the model on `entries` with the RL rollout machinery (KV cache kept across turns),
+    `eval.batch_size` entries at a time, one trajectory each."""
+    import numpy as np
+
+    from rcgrpo_jax.rl.advantages import NONE
+    from rcgrpo_jax.rl.rollout import RolloutSettings, collect
+
+    cfg, params = model
+    token = _cfg(config, "eval.reward_token", None)
+    settings = RolloutSettings(
+        chat_format=_cfg(config, "model.chat_format", "qwen"),
+        max_new_tokens=int(_cfg(config, "eval.max_new_tokens")),
+        max_len=int(_cfg(config, "eval.max_len")),
+        temperature=float(_cfg(config, "eval.temperature", 0.0)),
+        max_steps_per_turn=int(_cfg(config, "env.max_steps_per_turn", bfcl.MAX_STEPS_PER_TURN)),
+    )
+    size = int(_cfg(config, "eval.batch_size", 0)) or len(entries)
+    episodes: list[bfcl.Episode] = []
+    for i in range(0, len(entries), size):
+        chunk = entries[i : i + size]
+        tokens = np.full((len(chunk), 1), NONE if token is None else int(token), np.int32)
+        episodes += collect(
+            cfg, params, tokenizer, chunk, tokens, settings, seed=i, mesh=mesh
+        ).episodes
+    return episodes
+
+
+def run(
+    config: Any,
+    generate_fn: bfcl.GenerateFn | None = None,
+    tokenizer: Any = None,
+    model: tuple[Any, Any] | None = None,
+    mesh: Any = None,
+) -> dict:
+    """Evaluate `config.eval.policy` on `config.eval.split`; write outputs; return the summary.
+
+    policy='model' uses `model` = (cfg, params) — loaded from the config when not given — and
+    the rollout sampler; `generate_fn` instead plugs any token-level sampler (re-prompting).
+    """
     policy_name = _cfg(config, "eval.policy")
     split = _cfg(config, "eval.split", "test")
     try:
@@ -156,21 +196,32 @@ def run(config: Any, generate_fn: bfcl.GenerateFn | None = None, tokenizer: Any 
         raise UserError(f"eval.categories: {e}") from None
     chat_format = _cfg(config, "model.chat_format", "qwen")
     batch_size = int(_cfg(config, "eval.batch_size", 0))
-    policy = make_policy(policy_name, generate_fn, tokenizer, batch_size)
+    use_rollouts = policy_name == "model" and generate_fn is None
+    if use_rollouts:
+        from rcgrpo_jax import runtime
+
+        mesh = mesh if mesh is not None else runtime.mesh_from_config(config)
+        model = model if model is not None else runtime.model_from_config(config, mesh)
+        tokenizer = tokenizer if tokenizer is not None else runtime.tokenizer_from_config(config)
+    else:
+        policy = make_policy(policy_name, generate_fn, tokenizer, batch_size)
 
     max_steps = int(_cfg(config, "env.max_steps_per_turn", bfcl.MAX_STEPS_PER_TURN))
     start = time.perf_counter()
     entries = select_entries(split, categories, int(_cfg(config, "eval.max_entries", 0)))
-    episodes = [
-        bfcl.Episode(
-            entry,
-            chat_format,
-            max_steps_per_turn=max_steps,
-            reward_token=_cfg(config, "eval.reward_token", None),
-        )
-        for entry in entries
-    ]
-    bfcl.run_episodes(episodes, policy)
+    if use_rollouts:
+        episodes = model_episodes(config, entries, model, tokenizer, mesh)
+    else:
+        episodes = [
+            bfcl.Episode(
+                entry,
+                chat_format,
+                max_steps_per_turn=max_steps,
+                reward_token=_cfg(config, "eval.reward_token", None),
+            )
+            for entry in entries
+        ]
+        bfcl.run_episodes(episodes, policy)
     records = [entry_record(e, e.result()) for e in episodes]
     summary = {
         "split": split,

@@ -64,3 +64,15 @@ def model_from_config(config: ml_collections.ConfigDict, mesh=None):
     except (TypeError, ValueError) as e:
         raise UserError(f"model.arch: {e}") from e
     return cfg, models.init_params(cfg, jax.random.key(config.seed), mesh)
+
+
+def tokenizer_from_config(config: ml_collections.ConfigDict):
+    """The transformers tokenizer at `tokenizer_path`, else the one saved with the model."""
+    from transformers import AutoTokenizer
+
+    path = config.tokenizer_path or config.model.hf_path
+    if not path:
+        raise UserError("no tokenizer: set tokenizer_path or model.hf_path")
+    if not Path(path).is_dir():
+        raise UserError(f"tokenizer path {path!r} does not exist")
+    return AutoTokenizer.from_pretrained(path)

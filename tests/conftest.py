@@ -9,6 +9,8 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# bfcl-eval writes result/score folders into site-packages on import unless this is set.
+os.environ.setdefault("BFCL_PROJECT_ROOT", os.path.join(os.environ.get("TMPDIR", "/tmp"), "bfcl"))
 
 from pathlib import Path  # noqa: E402
 

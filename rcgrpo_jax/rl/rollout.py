@@ -45,7 +45,7 @@ class Rollouts:
     rewards: np.ndarray  # [P, G] float32
     reward_token: np.ndarray  # [P, G] int32 (HIGH / LOW / NONE)
     results: list[list[RewardResult]]
-    entry_ids: list[str]
+    episodes: list[Episode]  # P*G, row-major: the conversations and decoded calls
     stats: dict[str, float]
 
     @property
@@ -207,5 +207,5 @@ def _pack(session, episodes, reward_tokens, truncated, entries, settings, rollou
     return Rollouts(
         tokens=tokens, segments=segments, loss_mask=loss_mask, old_logprobs=old,
         rewards=rewards, reward_token=np.asarray(reward_tokens, np.int32), results=results,
-        entry_ids=[e.id for e in entries], stats=stats,
+        episodes=list(episodes), stats=stats,
     )  # fmt: skip
