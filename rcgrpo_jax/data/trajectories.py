@@ -1,0 +1,396 @@
+"""RCTP's mixed-quality trajectory dataset (stage 1) and the plain-SFT dataset, from one builder.
+
+Sources, over training-split entries only, all played through `Episode` so tool results and
+follow-up turns are the simulators' own:
+- `ground_truth`: the ground-truth calls;
+- `perturb:<kind>`: ground truth changed in one way (`data.perturb.PERTURBATIONS`);
+- `rollout`: a given policy (e.g. the base model via `envs.policies.model_policy`).
+
+Every trajectory's label is the reward it received (`Episode.result()`), never its source: a
+perturbation that still scores 1 is high quality. RCTP keeps all label-1 trajectories plus
+`low_per_high` label-0 ones per label-1 one, and renders each with its label's reward token at
+the start of the system prompt; plain SFT (`rctp.enabled=False`) keeps label-1 trajectories
+only, without a token. Records go to `data.store.write_dataset`; `meta` holds the decoded calls
+so a label can be recomputed from the stored record (`recompute_reward`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rcgrpo_jax.data import store
+from rcgrpo_jax.data.perturb import (
+    PERTURBATIONS,
+    ScriptedPolicy,
+    ground_truth_plan,
+    perturb,
+    plan_key,
+)
+from rcgrpo_jax.envs import prompts
+from rcgrpo_jax.envs.entries import CATEGORIES, Entry
+from rcgrpo_jax.envs.episode import MAX_STEPS_PER_TURN, Episode
+from rcgrpo_jax.envs.policies import Policy, run_episodes
+from rcgrpo_jax.envs.reward import RewardResult, trajectory_reward
+from rcgrpo_jax.envs.split import split_ids
+
+log = logging.getLogger(__name__)
+
+GROUND_TRUTH = "ground_truth"
+ROLLOUT = "rollout"
+PERTURB_PREFIX = "perturb:"
+TRAIN_SPLIT = "train"
+HELDOUT_SPLIT = "heldout"
+Counts = dict[str, dict[int, int]]  # source -> label -> number of trajectories
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """What the builder reads from the config (`settings_from_config`); defaults in brackets."""
+
+    enabled: bool = True  # rctp.enabled: reward tokens + low pool [True]; False = plain SFT
+    low_per_high: float = 1.0  # rctp.low_per_high: label-0 per label-1 kept; < 0 keeps all
+    perturbations: tuple[str, ...] = PERTURBATIONS  # rctp.perturbations: kinds to generate
+    perturbations_per_entry: int = 1  # rctp.perturbations_per_entry: per kind and entry
+    rollouts_per_entry: int = 0  # rctp.rollouts_per_entry: policy trajectories per entry
+    rollout_batch: int = 64  # rctp.rollout_batch: episodes stepped together per policy call
+    heldout_entries: int = 0  # rctp.heldout_entries: entries moved to the "heldout" split
+    max_tokens: int = 0  # rctp.max_tokens: longer rendered trajectories dropped; 0 = no limit
+    seed: int = 0  # rctp.seed, else config.seed
+    chat_format: str = "qwen"  # model.chat_format
+    max_steps_per_turn: int = MAX_STEPS_PER_TURN  # env.max_steps_per_turn
+
+
+@dataclass
+class Trajectory:
+    """One finished episode with where it came from and the reward it received."""
+
+    source: str
+    episode: Episode
+    result: RewardResult
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> int:
+        return int(self.result.reward == 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Config
+
+
+def _get(section: Any, key: str, default: Any) -> Any:
+    if section is None:
+        return default
+    value = section.get(key, None) if hasattr(section, "get") else getattr(section, key, None)
+    return default if value is None else value
+
+
+def settings_from_config(config: Any) -> DataSettings:
+    """Settings from an ml_collections config; missing keys take `DataSettings` defaults."""
+    d = DataSettings()
+    rctp = _get(config, "rctp", None)
+    kinds = tuple(_get(rctp, "perturbations", d.perturbations))
+    unknown = set(kinds) - set(PERTURBATIONS)
+    if unknown:
+        raise ValueError(f"unknown perturbations {sorted(unknown)}; expected {PERTURBATIONS}")
+    return DataSettings(
+        enabled=bool(_get(rctp, "enabled", d.enabled)),
+        low_per_high=float(_get(rctp, "low_per_high", d.low_per_high)),
+        perturbations=kinds,
+        perturbations_per_entry=int(
+            _get(rctp, "perturbations_per_entry", d.perturbations_per_entry)
+        ),
+        rollouts_per_entry=int(_get(rctp, "rollouts_per_entry", d.rollouts_per_entry)),
+        rollout_batch=int(_get(rctp, "rollout_batch", d.rollout_batch)),
+        heldout_entries=int(_get(rctp, "heldout_entries", d.heldout_entries)),
+        max_tokens=int(_get(rctp, "max_tokens", d.max_tokens)),
+        seed=int(_get(rctp, "seed", _get(config, "seed", d.seed))),
+        chat_format=str(_get(_get(config, "model", None), "chat_format", d.chat_format)),
+        max_steps_per_turn=int(
+            _get(_get(config, "env", None), "max_steps_per_turn", d.max_steps_per_turn)
+        ),
+    )
+
+
+def check_training_entries(entries: Iterable[Entry]) -> None:
+    """Raises if a BFCL entry is outside the training split (test scenarios must stay unseen).
+    Entries of other benchmarks (synthetic tasks) come from their own train generator."""
+    train = {c: set(split_ids("train", c)) for c in CATEGORIES}
+    bad = [e.id for e in entries if e.category in train and e.id not in train[e.category]]
+    if bad:
+        raise ValueError(f"{len(bad)} entries are not in the training split, e.g. {bad[:3]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources
+
+
+def _episode(entry: Entry, settings: DataSettings) -> Episode:
+    return Episode(entry, settings.chat_format, max_steps_per_turn=settings.max_steps_per_turn)
+
+
+def _finish(source: str, episode: Episode, info: dict[str, Any]) -> Trajectory:
+    return Trajectory(source, episode, episode.result(), info)
+
+
+def scripted_trajectories(
+    entries: Sequence[Entry], settings: DataSettings
+) -> tuple[list[Trajectory], Counter]:
+    """Ground truth and its perturbations, played through episodes.
+
+    Each (entry, kind, k) draws from its own seeded RNG, so an entry's trajectories do not
+    depend on which other entries are built. Returns the trajectories and, per source, how
+    many perturbations could not apply or repeated an earlier one.
+    """
+    plans: dict[Episode, Any] = {}
+    infos: list[tuple[str, Episode, dict[str, Any]]] = []
+    skipped: Counter = Counter()
+    for entry in entries:
+        truth = ground_truth_plan(entry, settings.chat_format)
+        episode = _episode(entry, settings)
+        plans[episode] = truth
+        infos.append((GROUND_TRUTH, episode, {}))
+        seen = {plan_key(truth)}
+        for kind in settings.perturbations:
+            for k in range(settings.perturbations_per_entry):
+                rng = random.Random(f"{settings.seed}:{entry.id}:{kind}:{k}")
+                p = perturb(entry, truth, kind, rng)
+                if p is None or plan_key(p.plan) in seen:
+                    skipped[PERTURB_PREFIX + kind] += 1
+                    continue
+                seen.add(plan_key(p.plan))
+                episode = _episode(entry, settings)
+                plans[episode] = p.plan
+                info = {"perturbation": {"kind": kind, "turn": p.turn, "detail": p.detail}}
+                infos.append((PERTURB_PREFIX + kind, episode, info))
+    run_episodes(list(plans), ScriptedPolicy(plans))
+    return [_finish(source, ep, info) for source, ep, info in infos], skipped
+
+
+def rollout_trajectories(
+    entries: Sequence[Entry], policy: Policy, settings: DataSettings
+) -> list[Trajectory]:
+    """`rollouts_per_entry` trajectories of `policy` per entry, `rollout_batch` at a time."""
+    episodes = [
+        _episode(entry, settings) for entry in entries for _ in range(settings.rollouts_per_entry)
+    ]
+    size = max(settings.rollout_batch, 1)
+    for i in range(0, len(episodes), size):
+        run_episodes(episodes[i : i + size], policy)
+    return [_finish(ROLLOUT, ep, {}) for ep in episodes]
+
+
+def collect_trajectories(
+    entries: Sequence[Entry], settings: DataSettings, policy: Policy | None = None
+) -> tuple[list[Trajectory], Counter]:
+    """All sources for `entries`: scripted ones, then the policy's rollouts if one is given."""
+    trajectories, skipped = scripted_trajectories(entries, settings)
+    if settings.rollouts_per_entry > 0:
+        if policy is None:
+            log.warning("rctp.rollouts_per_entry > 0 but no policy given: no rollouts")
+        else:
+            trajectories += rollout_trajectories(entries, policy, settings)
+    return trajectories, skipped
+
+
+# ---------------------------------------------------------------------------------------------
+# Records
+
+
+def trajectory_meta(t: Trajectory) -> dict[str, Any]:
+    """What the record keeps besides tokens: enough to recompute and explain the label."""
+    return {
+        "entry_id": t.episode.entry.id,
+        "category": t.episode.entry.category,
+        "chat_format": t.episode.chat_format,
+        "decoded": t.episode.decoded,
+        "reward": t.result.reward,
+        "error_type": t.result.error_type,
+        "error_turn": t.result.error_turn,
+        **t.info,
+    }
+
+
+def to_example(
+    t: Trajectory, tokenizer: Any, reward_tokens: Mapping[int, int] | None
+) -> dict[str, Any]:
+    """Store record of a trajectory: rendered with its label's reward token at the start of the
+    system prompt when `reward_tokens` is given (RCTP), without any token otherwise (SFT)."""
+    label = t.label
+    reward = label if reward_tokens is not None else None
+    messages = prompts.set_reward_token(t.episode.messages, reward)
+    tokens, mask = prompts.render_with_mask(tokenizer, messages, t.episode.tools)
+    return {
+        "tokens": tokens,
+        "loss_mask": mask,
+        "label": label,
+        "reward_token": -1 if reward_tokens is None else int(reward_tokens[label]),
+        "source": t.source,
+        "entry_id": t.episode.entry.id,
+        "meta": json.dumps(trajectory_meta(t)),
+    }
+
+
+def recompute_reward(record: Mapping[str, Any], entry: Entry) -> RewardResult:
+    """The reward of a stored record, from its decoded calls (checks a label independently)."""
+    meta = json.loads(record["meta"])
+    if meta["entry_id"] != entry.id:
+        raise ValueError(f"record of {meta['entry_id']} checked against {entry.id}")
+    return trajectory_reward(entry, meta["decoded"])
+
+
+def _fits(example: Mapping[str, Any], max_tokens: int) -> bool:
+    return max_tokens <= 0 or len(example["tokens"]) <= max_tokens
+
+
+def select_examples(
+    trajectories: Sequence[Trajectory],
+    tokenizer: Any,
+    settings: DataSettings,
+    reward_tokens: Mapping[int, int] | None,
+    rng: random.Random,
+) -> tuple[list[dict[str, Any]], int]:
+    """Rendered examples of one split in trajectory order, and how many were too long.
+
+    All label-1 trajectories that fit; for RCTP, label-0 ones drawn at random until
+    `low_per_high` x (label-1 kept) fit (all of them if `low_per_high` < 0). Only what is kept
+    is rendered, so plain SFT never renders the low pool.
+    """
+    kept: dict[int, dict[str, Any]] = {}
+    too_long = 0
+    for i, t in enumerate(trajectories):
+        if t.label == 1:
+            ex = to_example(t, tokenizer, reward_tokens)
+            if _fits(ex, settings.max_tokens):
+                kept[i] = ex
+            else:
+                too_long += 1
+    if settings.enabled:
+        low = [i for i, t in enumerate(trajectories) if t.label == 0]
+        rng.shuffle(low)
+        n_high = len(kept)
+        quota = len(low) if settings.low_per_high < 0 else round(settings.low_per_high * n_high)
+        n_low = 0
+        for i in low:
+            if n_low >= quota:
+                break
+            ex = to_example(trajectories[i], tokenizer, reward_tokens)
+            if _fits(ex, settings.max_tokens):
+                kept[i] = ex
+                n_low += 1
+            else:
+                too_long += 1
+    return [kept[i] for i in sorted(kept)], too_long
+
+
+# ---------------------------------------------------------------------------------------------
+# Counts
+
+
+def count_labels(items: Iterable[Any]) -> Counts:
+    """source -> {0: n, 1: n} for trajectories or records (anything with source and label)."""
+    out: dict[str, dict[int, int]] = {}
+    for x in items:
+        source, label = (x["source"], x["label"]) if isinstance(x, Mapping) else (x.source, x.label)
+        row = out.setdefault(source, {0: 0, 1: 0})
+        row[int(label)] += 1
+    return {s: out[s] for s in sorted(out, key=_source_order)}
+
+
+def _source_order(source: str) -> tuple[int, str]:
+    rank = {GROUND_TRUTH: 0, ROLLOUT: 2}.get(source, 1)
+    return rank, source
+
+
+def format_counts(counts: Counts, title: str = "") -> str:
+    """A small text table: source | low (0) | high (1) | total, with a total row."""
+    width = max([len("source"), *(len(s) for s in counts)]) + 2
+    lines = [title] if title else []
+    lines.append(f"{'source':<{width}}{'low':>7}{'high':>7}{'total':>7}")
+    for source, row in counts.items():
+        lines.append(f"{source:<{width}}{row[0]:>7}{row[1]:>7}{row[0] + row[1]:>7}")
+    low = sum(r[0] for r in counts.values())
+    high = sum(r[1] for r in counts.values())
+    lines.append(f"{'total':<{width}}{low:>7}{high:>7}{low + high:>7}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Builder
+
+
+def split_by_entry(entries: Sequence[Entry], heldout: int, seed: int) -> dict[str, list[Entry]]:
+    """Train entries and `heldout` entries drawn at random (whole entries, all sources)."""
+    if heldout <= 0:
+        return {TRAIN_SPLIT: list(entries)}
+    if heldout >= len(entries):
+        raise ValueError(f"heldout_entries={heldout} leaves no training entries of {len(entries)}")
+    held = set(random.Random(f"{seed}:heldout").sample(range(len(entries)), heldout))
+    return {
+        TRAIN_SPLIT: [e for i, e in enumerate(entries) if i not in held],
+        HELDOUT_SPLIT: [e for i, e in enumerate(entries) if i in held],
+    }
+
+
+def build_examples(
+    settings: DataSettings,
+    tokenizer: Any,
+    entries: Sequence[Entry],
+    policy: Policy | None = None,
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """Records per split and the counts report, without writing anything."""
+    check_training_entries(entries)
+    reward_tokens = prompts.add_reward_tokens(tokenizer) if settings.enabled else None
+    report: dict[str, Any] = {
+        "mode": "rctp" if settings.enabled else "sft",
+        "reward_tokens": dict(reward_tokens or {}),
+        "pool": {},
+        "splits": {},
+        "skipped": {},
+        "too_long": {},
+    }
+    splits: dict[str, list[dict[str, Any]]] = {}
+    for name, part in split_by_entry(entries, settings.heldout_entries, settings.seed).items():
+        trajectories, skipped = collect_trajectories(part, settings, policy)
+        rng = random.Random(f"{settings.seed}:mix:{name}")
+        examples, too_long = select_examples(trajectories, tokenizer, settings, reward_tokens, rng)
+        splits[name] = examples
+        report["pool"][name] = count_labels(trajectories)
+        report["splits"][name] = count_labels(examples)
+        report["skipped"][name] = dict(sorted(skipped.items()))
+        report["too_long"][name] = too_long
+    return splits, report
+
+
+def build_rctp_dataset(
+    config: Any,
+    tokenizer: Any,
+    entries: Sequence[Entry],
+    out_dir: str | Path,
+    policy: Policy | None = None,
+    *,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Build, log and write the RCTP (or, with `rctp.enabled=False`, plain SFT) dataset.
+
+    `tokenizer` gains the reward tokens in RCTP mode (resize the model's vocab to
+    `len(tokenizer)` afterwards). Returns the counts report plus `dataset_dir` (pass it to
+    `data.store.load_split`).
+    """
+    settings = settings_from_config(config)
+    splits, report = build_examples(settings, tokenizer, entries, policy)
+    if not splits[TRAIN_SPLIT]:
+        raise ValueError(f"no training examples kept; pool: {report['pool'][TRAIN_SPLIT]}")
+    nonempty = {name: examples for name, examples in splits.items() if examples}
+    report["dataset_dir"] = str(store.write_dataset(out_dir, nonempty, overwrite=overwrite))
+    for name in splits:
+        log.info("%s", format_counts(report["pool"][name], f"trajectories ({name}, all)"))
+        log.info("%s", format_counts(report["splits"][name], f"stored ({name})"))
+    return report
