@@ -45,6 +45,9 @@ class Entry:
     missed_function: dict[int, tuple[str, ...]]  # turn -> names hidden until that turn
     ground_truth: list[list[str]]  # per turn, BFCL call strings
     function_docs: tuple[dict[str, Any], ...]  # BFCL docs of all involved classes
+    # Optional split of each turn's ground truth into assistant steps (synthetic tasks: look,
+    # then act on what was seen). Empty: the whole turn is one step, as in BFCL.
+    ground_truth_steps: tuple[tuple[tuple[str, ...], ...], ...] = ()
 
     @property
     def long_context(self) -> bool:
@@ -68,6 +71,14 @@ class Entry:
                 else {}
             ),
         }
+
+
+def truth_steps(entry: Entry, turn: int) -> tuple[tuple[str, ...], ...]:
+    """The ground truth of `turn` as assistant steps (one step per BFCL turn with calls)."""
+    if entry.ground_truth_steps:
+        return entry.ground_truth_steps[turn]
+    calls = tuple(entry.ground_truth[turn])
+    return (calls,) if calls else ()
 
 
 def hidden_functions(entry: Entry, turn: int) -> frozenset[str]:

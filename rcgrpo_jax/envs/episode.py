@@ -63,7 +63,10 @@ class Episode:
         self.force_quit = False
         self.decoded: list[list[list[str]]] = [[]]
         system = prompts.system_message(
-            self.chat_format, docs_at_start(self.entry), self.reward_token
+            self.chat_format,
+            docs_at_start(self.entry),
+            self.reward_token,
+            compact=self.entry.category in prompts.COMPACT_CATEGORIES,
         )
         self.messages: list[prompts.Message] = [system, *self._turn_messages(0)]
         return list(self.messages)

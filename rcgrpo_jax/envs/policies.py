@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from rcgrpo_jax.envs import prompts
 from rcgrpo_jax.envs.calls import bind_positional, parse_call, render_calls
+from rcgrpo_jax.envs.entries import truth_steps
 from rcgrpo_jax.envs.episode import Episode
 from rcgrpo_jax.envs.executor import parameter_names
 
@@ -25,11 +26,12 @@ class Policy(Protocol):
 
 
 def ground_truth_text(episode: Episode) -> str:
-    """The turn's ground-truth calls on the first step of a turn, then a no-call message."""
-    calls = episode.entry.ground_truth[episode.turn]
-    if episode.steps_in_turn > 0 or not calls:
+    """The turn's ground-truth calls, one assistant step at a time (BFCL: all on the first
+    step), then a no-call message."""
+    steps = truth_steps(episode.entry, episode.turn)
+    if episode.steps_in_turn >= len(steps):
         return prompts.NO_CALL_TEXT
-    parsed = [parse_call(c) for c in calls]
+    parsed = [parse_call(c) for c in steps[episode.steps_in_turn]]
     if episode.chat_format != "python":
         classes = episode.entry.involved_classes
         parsed = [bind_positional(c, parameter_names(classes, c.name)) for c in parsed]

@@ -38,6 +38,12 @@ SYSTEM_PROMPT_PYTHON = (
     + f"\n\n{_STYLE['multiturn_behavior']}\n\n"
 )
 ADDED_FUNCTIONS_PROMPT = DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
+# Compact prompt (categories in COMPACT_CATEGORIES): the tiny demo's tasks, not BFCL's.
+COMPACT_CATEGORIES = frozenset({"synthetic"})
+COMPACT_SYSTEM_PROMPT = (
+    "You control a file system. Functions:\n{functions}\n"
+    "To act, reply only with calls like [f(a=1), g(b='x')]. When done, reply in words."
+)
 # What a policy says when it has no call to make: decodes to no calls in every format.
 NO_CALL_TEXT = "I have completed the request."
 
@@ -130,11 +136,35 @@ def set_reward_token(messages: Sequence[Message], reward: int | None) -> list[Me
     return [first, *messages[1:]]
 
 
+def compact_signature(doc: dict[str, Any]) -> str:
+    """`name(a, b=default): description` for one BFCL-shaped doc (compact prompts)."""
+    params = doc.get("parameters", {})
+    required = set(params.get("required", []))
+    args = [
+        p if p in required else f"{p}={spec.get('default')!r}"
+        for p, spec in params.get("properties", {}).items()
+    ]
+    return f"{doc['name']}({', '.join(args)}): {doc.get('description', '')}"
+
+
 def system_message(
-    chat_format: str, docs: Sequence[dict[str, Any]], reward: int | None = None
+    chat_format: str,
+    docs: Sequence[dict[str, Any]],
+    reward: int | None = None,
+    *,
+    compact: bool = False,
 ) -> Message:
-    """System prompt for a format, with the reward-token slot at its start."""
-    if chat_format == "python":
+    """System prompt for a format, with the reward-token slot at its start.
+
+    `compact`: a few lines with one signature per function instead of BFCL's ~4k-token
+    prompt, for the synthetic tasks a tiny model trains on (python call format only).
+    """
+    if compact:
+        if chat_format != "python":
+            raise ValueError("compact prompts use the python call format")
+        listing = "\n".join(compact_signature(d) for d in docs)
+        body = COMPACT_SYSTEM_PROMPT.format(functions=listing)
+    elif chat_format == "python":
         body = SYSTEM_PROMPT_PYTHON + _STYLE["available_tools"].format(
             format="json", functions=function_listing(docs, chat_format)
         )

@@ -1,0 +1,492 @@
+"""Procedurally generated multi-turn file-system tasks: BFCL's machinery at toy scale.
+
+BFCL's own prompts are ~4.5k tokens of tool docs, far too long for a model trained from
+scratch on two CPU cores. These tasks run on the same `GorillaFileSystem` simulator and come
+back as ordinary `Entry` objects (category "synthetic"), so `Episode`, the executor,
+`trajectory_reward` (R_state x R_action) and the reference policies apply unchanged; only the
+system prompt is compact (`prompts.COMPACT_CATEGORIES`) and the docs list a handful of
+functions in one line each.
+
+Every task is partially observable: the instruction names a pattern, keyword or extension,
+never the file the agent must act on, so the agent has to look (`find`, `ls`, `cat`) and
+then act on what it saw. The ground truth is kept as assistant steps (look, then act;
+`Entry.ground_truth_steps`) so golden trajectories show the observation before the action.
+The checker's response check also requires the look-ups: their results must appear among
+the agent's results.
+
+Train and test tasks are disjoint by RNG stream and by every name: root, folders, files,
+keywords and contents come from disjoint sets of two-syllable names (`NAMES`). Generation is
+deterministic given the arguments, and each task is kept only if the ground truth scores 1.0
+and the empty policy 0.0 through `Episode`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rcgrpo_jax.envs import policies, prompts
+from rcgrpo_jax.envs.calls import Call, format_call, parse_call, render_calls
+from rcgrpo_jax.envs.entries import Entry, truth_steps
+from rcgrpo_jax.envs.episode import Episode
+from rcgrpo_jax.envs.executor import ERROR_PREFIX, execute, load_instances, method_table
+
+CATEGORY = "synthetic"
+CLASSES = ("GorillaFileSystem",)
+SPLITS = ("train", "test")
+CHAT_FORMAT = "python"
+EXTENSIONS = ("txt", "md", "csv", "log")
+
+# Names are two consonant-vowel syllables ("kamo"). Train and test use disjoint sets of names
+# over the same 70 syllables, so the tokenizer splits held-out names the way it splits
+# training names (unseen whole words would fall apart into bytes and never be copied).
+SYLLABLES = tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou")
+
+
+def name_split(name: str) -> str:
+    """Which split a two-syllable name belongs to (about 1 in 5 is held out)."""
+    i, j = SYLLABLES.index(name[:2]), SYLLABLES.index(name[2:])
+    return "test" if (i + 3 * j) % 5 == 0 else "train"
+
+
+NAMES = {
+    split: tuple(a + b for a in SYLLABLES for b in SYLLABLES if name_split(a + b) == split)
+    for split in SPLITS
+}
+NAMES_PER_TASK = 48
+
+
+def _doc(name: str, description: str, required: Sequence[str] = (), **optional: Any) -> dict:
+    """A BFCL-shaped function doc with a one-line description (string parameters)."""
+    props = {p: {"type": "string", "description": ""} for p in required}
+    props |= {p: {"type": "string", "description": "", "default": d} for p, d in optional.items()}
+    return {
+        "name": name,
+        "description": description,
+        "parameters": {"type": "dict", "properties": props, "required": list(required)},
+    }
+
+
+# The functions the tasks use, with short descriptions: the compact prompt lists these only.
+FUNCTION_DOCS: tuple[dict[str, Any], ...] = (
+    _doc("ls", "list the current folder"),
+    _doc("cd", "enter one subfolder; '..' up, '/' top", ["folder"]),
+    _doc("find", "paths below here whose name contains name", ["name"]),
+    _doc("cat", "show a file here", ["file_name"]),
+    _doc("mkdir", "make a folder here", ["dir_name"]),
+    _doc("mv", "move into a folder, or rename", ["source", "destination"]),
+    _doc("cp", "copy into a folder, or to a new name", ["source", "destination"]),
+    _doc("rm", "delete a file here", ["file_name"]),
+    _doc("touch", "make an empty file here", ["file_name"]),
+    _doc("echo", "write content to a file here", ["content", "file_name"]),
+    _doc("wc", "count l(ines) or w(ords) of a file", ["file_name"], mode="l"),
+)
+
+Path = tuple[str, ...]  # folder names below the root
+
+
+@dataclass(frozen=True)
+class Difficulty:
+    """Knobs for calibration (held-out success of the SFT'd tiny model).
+
+    turns: (min, max) user turns; depth: folder levels below the root (>= 1);
+    distractors: extra files per folder besides one (more to read, more to confuse);
+    followup: chance that a later turn refers to the previous turn's file;
+    templates: which main task kinds may occur (see `MAIN_TEMPLATES`).
+    """
+
+    turns: tuple[int, int] = (1, 3)
+    depth: int = 2
+    distractors: int = 1
+    followup: float = 0.6
+    templates: tuple[str, ...] = ("copy_found", "move_by_content", "rename_by_ext", "clone_text")
+
+    def __post_init__(self) -> None:
+        lo, hi = self.turns
+        if not 1 <= lo <= hi:
+            raise ValueError(f"turns must satisfy 1 <= min <= max, got {self.turns}")
+        if self.depth < 1 or self.distractors < 0 or not 0 <= self.followup <= 1:
+            raise ValueError(f"invalid difficulty {self}")
+        unknown = set(self.templates) - set(MAIN_TEMPLATES)
+        if unknown or not self.templates:
+            raise ValueError(f"unknown templates {sorted(unknown)}; have {sorted(MAIN_TEMPLATES)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Initial state
+
+
+def _call(function: str, /, **kwargs: Any) -> str:
+    return format_call(Call(function, (), kwargs))
+
+
+def _content(rng: random.Random, words: Sequence[str]) -> str:
+    return " ".join(rng.choices(words, k=rng.randint(2, 4)))
+
+
+def _folder(rng, take, words, level: int, diff: Difficulty) -> dict[str, Any]:
+    """Contents of one folder: 1 + distractors files, maybe a subfolder below `diff.depth`."""
+    contents: dict[str, Any] = {}
+    for _ in range(1 + diff.distractors):
+        name = f"{take()}.{rng.choice(EXTENSIONS)}"
+        contents[name] = {"type": "file", "content": _content(rng, words)}
+    if level < diff.depth and (level == 1 or rng.random() < 0.5):
+        contents[take()] = {
+            "type": "directory",
+            "contents": _folder(rng, take, words, level + 1, diff),
+        }
+    return contents
+
+
+def initial_config(
+    rng: random.Random, take: Callable[[], str], words: Sequence[str], diff: Difficulty
+) -> dict[str, Any]:
+    """GorillaFileSystem `initial_config`: two top folders (trees to `diff.depth`), a root file."""
+    top: dict[str, Any] = {}
+    for _ in range(2):
+        top[take()] = {"type": "directory", "contents": _folder(rng, take, words, 1, diff)}
+    top[f"{take()}.{rng.choice(EXTENSIONS)}"] = {"type": "file", "content": _content(rng, words)}
+    return {"GorillaFileSystem": {"root": {take(): {"type": "directory", "contents": top}}}}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the live simulator (the generator acts on it as the ground truth will)
+
+
+def _is_dir(item: Any) -> bool:
+    return hasattr(item, "contents")
+
+
+def _node(fs: Any, path: Path) -> Any:
+    node = fs.root
+    for name in path:
+        node = node.contents[name]
+    return node
+
+
+def _cwd(fs: Any) -> Path:
+    names, node = [], fs._current_dir
+    while node.parent is not None:
+        names.append(node.name)
+        node = node.parent
+    return tuple(reversed(names))
+
+
+def _folders(fs: Any, path: Path = ()) -> list[Path]:
+    """Every folder below the root (not the root itself), depth first."""
+    out = []
+    for name, item in _node(fs, path).contents.items():
+        if _is_dir(item):
+            out.append((*path, name))
+            out.extend(_folders(fs, (*path, name)))
+    return out
+
+
+def _files(fs: Any, path: Path) -> list[str]:
+    return [n for n, item in _node(fs, path).contents.items() if not _is_dir(item)]
+
+
+def _all_names(fs: Any, path: Path = ()) -> list[str]:
+    out = []
+    for name, item in _node(fs, path).contents.items():
+        out.append(name)
+        if _is_dir(item):
+            out.extend(_all_names(fs, (*path, name)))
+    return out
+
+
+def _nav(cwd: Path, target: Path) -> list[str]:
+    """cd calls from `cwd` to `target`: down if below, else via the top ('/')."""
+    if target[: len(cwd)] == cwd:
+        return [_call("cd", folder=f) for f in target[len(cwd) :]]
+    return [_call("cd", folder="/")] + [_call("cd", folder=f) for f in target]
+
+
+def _ext(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Turn templates: each reads the live state and returns (instruction, steps) or None
+
+
+@dataclass
+class _Ctx:
+    rng: random.Random
+    take: Callable[[], str]
+    fs: Any
+    focus: tuple[Path, str] | None = None  # the file the last turn was about
+    last: str = ""  # the last turn's template
+
+
+Turn = tuple[str, list[list[str]]]
+
+
+def _where(path: Path) -> str:
+    return "/".join(path)
+
+
+def copy_found(ctx: _Ctx) -> Turn | None:
+    """Find a file by part of its name anywhere; copy it into a new folder beside it."""
+    names = _all_names(ctx.fs)
+    cands = [
+        (path, f)
+        for path in _folders(ctx.fs)
+        for f in _files(ctx.fs, path)
+        if sum(f.split(".")[0] in n for n in names) == 1
+    ]
+    if not cands:
+        return None
+    path, target = ctx.rng.choice(cands)
+    stem, new = target.split(".")[0], ctx.take()
+    text = ctx.rng.choice(
+        (
+            f"Somewhere in my files is a file with '{stem}' in its name. "
+            f"Copy it into a new folder '{new}' in the same place.",
+            f"Find the file whose name contains '{stem}' and put a copy of it "
+            f"in a new folder '{new}' next to it.",
+        )
+    )
+    look = ([_call("cd", folder="/")] if _cwd(ctx.fs) else []) + [_call("find", name=stem)]
+    act = [_call("cd", folder=f) for f in path] + [
+        _call("mkdir", dir_name=new),
+        _call("cp", source=target, destination=new),
+    ]
+    ctx.focus = (path, target)
+    return text, [look, act]
+
+
+def move_by_content(ctx: _Ctx) -> Turn | None:
+    """Read the files of a named folder; move the one mentioning a keyword into a new folder."""
+    cands = []
+    for path in _folders(ctx.fs):
+        files = _files(ctx.fs, path)
+        if len(files) < 2:
+            continue
+        contents = {f: _node(ctx.fs, path).contents[f].content for f in files}
+        for f in files:
+            for word in set(contents[f].split()):
+                if sum(word in c for c in contents.values()) == 1:
+                    cands.append((path, files, f, word))
+    if not cands:
+        return None
+    path, files, target, word = ctx.rng.choice(sorted(cands))
+    new = ctx.take()
+    where = _where(path)
+    text = ctx.rng.choice(
+        (
+            f"One file in {where} mentions '{word}'. Move it into a new folder '{new}' there.",
+            f"In {where}, put the file that talks about '{word}' into a new folder '{new}'.",
+        )
+    )
+    look = _nav(_cwd(ctx.fs), path) + [_call("ls")]
+    read = [_call("cat", file_name=f) for f in files]
+    act = [_call("mkdir", dir_name=new), _call("mv", source=target, destination=new)]
+    ctx.focus = ((*path, new), target)
+    return text, [look, read, act]
+
+
+def _unique_ext_files(ctx: _Ctx) -> list[tuple[Path, str]]:
+    out = []
+    for path in _folders(ctx.fs):
+        files = _files(ctx.fs, path)
+        exts = [_ext(f) for f in files]
+        out += [(path, f) for f in files if exts.count(_ext(f)) == 1]
+    return out
+
+
+def rename_by_ext(ctx: _Ctx) -> Turn | None:
+    """Rename the only file of an extension in a named folder (its name must be looked up)."""
+    cands = _unique_ext_files(ctx)
+    if not cands:
+        return None
+    path, target = ctx.rng.choice(cands)
+    ext = _ext(target)
+    new = f"{ctx.take()}.{ext}"
+    text = ctx.rng.choice(
+        (
+            f"Rename the .{ext} file in {_where(path)} to '{new}'.",
+            f"There is one .{ext} file in {_where(path)}. Call it '{new}' instead.",
+        )
+    )
+    look = _nav(_cwd(ctx.fs), path) + [_call("ls")]
+    act = [_call("mv", source=target, destination=new)]
+    ctx.focus = (path, new)
+    return text, [look, act]
+
+
+def clone_text(ctx: _Ctx) -> Turn | None:
+    """Write the text of the only file of an extension into a new file (read, then write)."""
+    cands = _unique_ext_files(ctx)
+    if not cands:
+        return None
+    path, source = ctx.rng.choice(cands)
+    new = f"{ctx.take()}.txt"
+    content = _node(ctx.fs, path).contents[source].content
+    where, ext = _where(path), _ext(source)
+    text = ctx.rng.choice(
+        (
+            f"In {where}, make a file '{new}' with the same text as the .{ext} file.",
+            f"Copy the words of the .{ext} file in {where} into a new file '{new}'.",
+        )
+    )
+    look = _nav(_cwd(ctx.fs), path) + [_call("ls")]
+    read = [_call("cat", file_name=source)]
+    act = [_call("touch", file_name=new), _call("echo", content=content, file_name=new)]
+    ctx.focus = (path, new)
+    return text, [look, read, act]
+
+
+def delete_original(ctx: _Ctx) -> Turn | None:
+    """After `copy_found`: remove the original (the agent must remember which it was)."""
+    if ctx.last != "copy_found" or ctx.focus is None:
+        return None
+    path, name = ctx.focus
+    ctx.focus = None
+    text = ctx.rng.choice(("Now delete the original file.", "Remove the original one now."))
+    return text, [_nav(_cwd(ctx.fs), path) + [_call("rm", file_name=name)]]
+
+
+def count_in_file(ctx: _Ctx) -> Turn | None:
+    """Count words or lines of the file the last turn was about."""
+    if ctx.focus is None:
+        return None
+    path, name = ctx.focus
+    unit, mode = ctx.rng.choice((("words", "w"), ("lines", "l")))
+    text = f"How many {unit} are in that file?"
+    return text, [_nav(_cwd(ctx.fs), path) + [_call("wc", file_name=name, mode=mode)]]
+
+
+def copy_as(ctx: _Ctx) -> Turn | None:
+    """Copy the file the last turn was about to a new name in its folder."""
+    if ctx.focus is None:
+        return None
+    path, name = ctx.focus
+    new = f"{ctx.take()}.{_ext(name)}"
+    text = f"Also keep a copy of that file called '{new}' in the same folder."
+    return text, [_nav(_cwd(ctx.fs), path) + [_call("cp", source=name, destination=new)]]
+
+
+MAIN_TEMPLATES: dict[str, Callable[[_Ctx], Turn | None]] = {
+    "copy_found": copy_found,
+    "move_by_content": move_by_content,
+    "rename_by_ext": rename_by_ext,
+    "clone_text": clone_text,
+}
+FOLLOWUP_TEMPLATES: dict[str, Callable[[_Ctx], Turn | None]] = {
+    "delete_original": delete_original,
+    "count_in_file": count_in_file,
+    "copy_as": copy_as,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks
+
+
+def _run(ctx: _Ctx, steps: list[list[str]]) -> bool:
+    """Apply the calls to the live simulator; False if any of them fails."""
+    table = method_table({"GorillaFileSystem": ctx.fs})
+    results = [execute(c, table) for step in steps for c in step]
+    return not any(r.startswith(ERROR_PREFIX) or '"error"' in r for r in results)
+
+
+def _next_turn(ctx: _Ctx, kinds: Sequence[str]) -> tuple[str, Turn] | None:
+    order = list(kinds)
+    ctx.rng.shuffle(order)
+    for kind in order:
+        template = MAIN_TEMPLATES.get(kind) or FOLLOWUP_TEMPLATES[kind]
+        turn = template(ctx)
+        if turn is not None:
+            return kind, turn
+    return None
+
+
+def generate(rng: random.Random, split: str, diff: Difficulty) -> tuple[dict, list[Turn]] | None:
+    """One task's initial config and turns from `rng`, or None if a template had no target."""
+    pool = rng.sample(NAMES[split], NAMES_PER_TASK)  # names of files, folders and contents
+    take = pool.pop
+    config = initial_config(rng, take, pool, diff)
+    (instances,) = load_instances(config, CLASSES, long_context=False)
+    ctx = _Ctx(rng, take, instances["GorillaFileSystem"])
+    turns: list[Turn] = []
+    for t in range(rng.randint(*diff.turns)):
+        use_followup = t > 0 and rng.random() < diff.followup
+        picked = _next_turn(ctx, list(FOLLOWUP_TEMPLATES)) if use_followup else None
+        picked = picked or _next_turn(ctx, diff.templates)
+        if picked is None or not _run(ctx, picked[1][1]):
+            return None
+        ctx.last = picked[0]
+        turns.append(picked[1])
+    return config, turns
+
+
+def to_entry(task_id: str, index: int, config: dict, turns: Sequence[Turn]) -> Entry:
+    """An `Entry` like BFCL's, with the ground truth also kept as steps."""
+    return Entry(
+        id=task_id,
+        category=CATEGORY,
+        index=index,
+        question=[[{"role": "user", "content": text}] for text, _ in turns],
+        initial_config=config,
+        involved_classes=CLASSES,
+        missed_function={},
+        ground_truth=[[c for step in steps for c in step] for _, steps in turns],
+        function_docs=FUNCTION_DOCS,
+        ground_truth_steps=tuple(tuple(tuple(s) for s in steps) for _, steps in turns),
+    )
+
+
+def play(entry: Entry, policy: policies.Policy, reward_token: int | None = None) -> Episode:
+    """A finished episode of `entry` under `policy` (python call format)."""
+    episode = Episode(entry, CHAT_FORMAT, reward_token=reward_token)
+    policies.run_episodes([episode], policy)
+    return episode
+
+
+def act_without_looking(episodes: Sequence[Episode]) -> list[str]:
+    """Reference policy that skips the look-ups: the last ground-truth step of each turn
+    (right names included) on its first step. Fails every task, as a guesser would."""
+    out = []
+    for e in episodes:
+        steps = truth_steps(e.entry, e.turn)
+        if e.steps_in_turn > 0 or not steps:
+            out.append(prompts.NO_CALL_TEXT)
+        else:
+            out.append(render_calls([parse_call(c) for c in steps[-1]], CHAT_FORMAT))
+    return out
+
+
+def verified(entry: Entry) -> bool:
+    """The ground truth scores 1.0 and the empty policy 0.0 through `Episode`."""
+    truth = play(entry, policies.ground_truth).result().reward
+    return truth == 1.0 and play(entry, policies.empty).result().reward == 0.0
+
+
+def make_tasks(
+    split: str, n: int, seed: int = 0, *, max_tries: int = 50, **difficulty: Any
+) -> list[Entry]:
+    """`n` verified tasks of `split` ("train" or "test"), deterministic given the arguments.
+
+    `difficulty`: fields of `Difficulty` (turns, depth, distractors, followup, templates).
+    Task i draws from its own RNG stream (split, seed, i, try), so a task does not depend on
+    `n` and the splits never share a stream.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    diff = Difficulty(**difficulty)
+    tasks = []
+    for i in range(n):
+        for attempt in range(max_tries):
+            made = generate(random.Random(f"{split}/{seed}/{i}/{attempt}"), split, diff)
+            if made is None:
+                continue
+            entry = to_entry(f"{CATEGORY}_{split}_{seed}_{i}", i, *made)
+            if verified(entry):
+                tasks.append(entry)
+                break
+        else:
+            raise RuntimeError(f"no valid task {split}/{seed}/{i} in {max_tries} tries: {diff}")
+    return tasks

@@ -1,0 +1,260 @@
+"""Synthetic file-system tasks and the tiny SentencePiece tokenizer (the CPU demo's env)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+from rcgrpo_jax.envs import policies, prompts, synthetic, tiny_tokenizer
+from rcgrpo_jax.envs.calls import extract_calls, parse_call
+from rcgrpo_jax.envs.reward import RESPONSE_MISMATCH, STATE_MISMATCH
+
+N = 40
+VOCAB = 1024
+
+
+@pytest.fixture(scope="module")
+def tasks() -> dict[str, list]:
+    return {split: synthetic.make_tasks(split, N, seed=0) for split in synthetic.SPLITS}
+
+
+@pytest.fixture(scope="module")
+def tok(tasks, tmp_path_factory):
+    return tiny_tokenizer.load_or_train(
+        tmp_path_factory.mktemp("run"), tasks["train"], vocab_size=VOCAB
+    )
+
+
+def fingerprint(entries) -> str:
+    data = [
+        (e.id, e.question, e.initial_config, e.ground_truth, e.ground_truth_steps) for e in entries
+    ]
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def names_in(entry) -> set[str]:
+    """Every name in a task: folders, files, contents, and names the ground truth creates."""
+    found: set[str] = set()
+
+    def walk(tree):
+        for name, item in tree.items():
+            found.add(name.split(".")[0])
+            if item["type"] == "directory":
+                walk(item["contents"])
+            else:
+                found.update(item["content"].split())
+
+    walk(entry.initial_config["GorillaFileSystem"]["root"])
+    for call in (c for turn in entry.ground_truth for c in turn):
+        for value in parse_call(call).kwargs.values():
+            found.update(re.findall(r"[a-z]{4}", str(value)))
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks
+
+
+def test_tasks_are_deterministic_and_independent_of_n(tasks):
+    again = synthetic.make_tasks("train", 5, seed=0)
+    assert fingerprint(again) == fingerprint(tasks["train"][:5])
+    assert fingerprint(synthetic.make_tasks("train", 5, seed=1)) != fingerprint(again)
+    assert all(e.category == "synthetic" and e.index == i for i, e in enumerate(tasks["train"]))
+
+
+def test_tasks_do_not_depend_on_hash_seed():
+    code = (
+        "from rcgrpo_jax.envs import synthetic; import test_synthetic as t; "
+        "print(t.fingerprint(synthetic.make_tasks('test', 6, seed=3)))"
+    )
+    outs = set()
+    for hash_seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=f"{REPO}:{REPO / 'tests'}")
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        outs.add(run.stdout.strip().splitlines()[-1])
+    assert len(outs) == 1
+
+
+def test_train_and_test_are_disjoint(tasks):
+    assert not set(synthetic.NAMES["train"]) & set(synthetic.NAMES["test"])
+    ids = {split: {e.id for e in tasks[split]} for split in tasks}
+    assert len(ids["train"]) == len(ids["test"]) == N and not ids["train"] & ids["test"]
+    for split, entries in tasks.items():
+        for e in entries:
+            names = names_in(e)
+            assert len(names) >= 8
+            assert {synthetic.name_split(n) for n in names} == {split}, e.id
+
+
+def test_difficulty_knobs():
+    easy = synthetic.make_tasks("train", 8, seed=5, turns=(1, 1), depth=1, distractors=0)
+    hard = synthetic.make_tasks("train", 8, seed=5, turns=(3, 3), depth=3, distractors=3)
+    assert {e.num_turns for e in easy} == {1} and {e.num_turns for e in hard} == {3}
+    # depth 1: every folder sits at the top, so instructions name no nested path
+    assert not any("/" in e.question[0][0]["content"] for e in easy)
+
+    def folders(entry):
+        (root,) = entry.initial_config["GorillaFileSystem"]["root"].values()
+        stack, out = [root], []
+        while stack:
+            items = stack.pop()["contents"]
+            out.append(items)
+            stack += [v for v in items.values() if v["type"] == "directory"]
+        return out[1:]  # below the root
+
+    for entries, depth, files in ((easy, 1, 1), (hard, 3, 4)):
+        for e in entries:
+            below = folders(e)
+            assert all(sum(v["type"] == "file" for v in f.values()) == files for f in below)
+            assert 2 <= len(below) <= 2 * depth
+    assert any(len(folders(e)) > 4 for e in hard)  # some reach below depth 2
+    assert sum(len(c) for e in hard for c in e.ground_truth) > sum(
+        len(c) for e in easy for c in e.ground_truth
+    )
+    only = synthetic.make_tasks("test", 4, seed=0, templates=("rename_by_ext",), followup=0.0)
+    assert all(e.question[0][0]["content"].startswith(("Rename", "There")) for e in only)
+    for bad in ({"turns": (0, 2)}, {"depth": 0}, {"templates": ("nope",)}):
+        with pytest.raises(ValueError):
+            synthetic.make_tasks("train", 1, **bad)
+    with pytest.raises(ValueError):
+        synthetic.make_tasks("valid", 1)
+
+
+def test_reference_policies_through_episode(tasks):
+    for entry in tasks["train"] + tasks["test"]:
+        truth = synthetic.play(entry, policies.ground_truth)
+        assert truth.result().reward == 1.0, entry.id
+        # golden trajectories look, then act: more than one assistant call step per turn 1
+        assert len(truth.decoded[0]) == len(entry.ground_truth_steps[0]) >= 2
+        assert synthetic.play(entry, policies.empty).result().reward == 0.0
+        # Acting on the right names without the look-ups fails too.
+        blind = synthetic.play(entry, synthetic.act_without_looking).result()
+        assert blind.reward == 0.0 and blind.error_type in (RESPONSE_MISMATCH, STATE_MISMATCH)
+
+
+def test_acting_needs_what_was_observed(tasks):
+    """Every argument was shown to the agent before (instruction, prompt or a tool result),
+    and every task has an argument that only a tool result showed: it must look first."""
+    for entry in tasks["train"] + tasks["test"]:
+        messages = synthetic.play(entry, policies.ground_truth).messages
+        told, observed, needs_looking = "", "", 0
+        for m in messages:
+            if m["role"] in ("system", "user"):
+                told += m["content"]
+            elif m["role"] == "tool":
+                observed += m["content"]
+            else:
+                for call in extract_calls(m["content"], "python"):
+                    for value in parse_call(call).kwargs.values():
+                        assert value in told or value in observed, (entry.id, call)
+                        needs_looking += value not in told
+        assert needs_looking >= 1, entry.id
+        # the first instruction never names the file acted on
+        first = entry.ground_truth_steps[0][-1]
+        targets = [parse_call(c).kwargs.get("source") for c in first]
+        targets += [parse_call(c).kwargs.get("content") for c in first]
+        assert not any(t and t in entry.question[0][0]["content"] for t in targets), entry.id
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+def conversations(tasks):
+    for split in ("train", "test"):
+        for entry in tasks[split][:20]:
+            for policy in (policies.ground_truth, policies.empty, synthetic.act_without_looking):
+                yield synthetic.play(entry, policy, reward_token=1).messages
+
+
+def test_tokenizer_round_trips_exactly(tok, tasks):
+    for messages in conversations(tasks):
+        text = prompts.render_text(tok, messages)
+        ids = tok.encode(text, add_special_tokens=False)
+        assert tok.decode(ids, skip_special_tokens=False) == text
+    odd = "  two  spaces\ttab\n\nnewlines é ü 😀 \u2581 <0x41> <|end ascii ~`^ {}[]"
+    assert tok.decode(tok.encode(odd, add_special_tokens=False)) == odd
+    assert tok.unk_token_id not in tok.encode(odd, add_special_tokens=False)
+
+
+def test_special_tokens_are_single_ids(tok):
+    vocab = len(tok)
+    assert vocab <= VOCAB
+    ids = {t: tok.encode(t, add_special_tokens=False) for t in tiny_tokenizer.SPECIAL_TOKENS}
+    assert all(len(v) == 1 and v[0] != tok.unk_token_id for v in ids.values())
+    assert len({v[0] for v in ids.values()}) == len(ids)
+    reward_ids = prompts.add_reward_tokens(tok)
+    assert len(tok) == vocab  # already present: no new ids
+    assert reward_ids == {r: ids[t][0] for r, t in prompts.REWARD_TOKENS.items()}
+    assert prompts.end_of_turn_token(tok) == tiny_tokenizer.END_OF_TURN
+    assert tok.eos_token_id == ids[tiny_tokenizer.END_OF_TURN][0]
+    # a reward token in the middle of text is still one id
+    text = f"ab{prompts.REWARD_TOKENS[0]}cd"
+    assert reward_ids[0] in tok.encode(text, add_special_tokens=False)
+
+
+def mask_runs(mask):
+    out, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+def test_loss_mask_is_exactly_the_assistant_spans(tok, tasks):
+    eot = tiny_tokenizer.END_OF_TURN
+    for messages in list(conversations(tasks))[::7]:
+        ids, mask = prompts.render_with_mask(tok, messages)
+        text = prompts.render_text(tok, messages)
+        assert ids == tok.encode(text, add_special_tokens=False)
+        assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        spans = mask_runs(mask)
+        assert len(spans) == len(assistant)
+        for i, (start, end) in zip(assistant, spans, strict=True):
+            assert tok.decode(ids[start:end]) == messages[i]["content"] + eot
+            prompt = prompts.prompt_ids(tok, messages[:i])
+            assert ids[: len(prompt)] == prompt and len(prompt) == start
+            assert tok.decode(prompt).endswith(tiny_tokenizer.ROLE_TOKENS["assistant"])
+        low = prompts.set_reward_token(messages, 0)
+        low_ids, low_mask = prompts.render_with_mask(tok, low)
+        assert low_mask == mask and sum(a != b for a, b in zip(ids, low_ids, strict=True)) == 1
+
+
+def test_conversations_fit_the_token_budget(tok, tasks):
+    lengths = {
+        split: sorted(
+            len(prompts.render_with_mask(tok, synthetic.play(e, policies.ground_truth).messages)[0])
+            for e in tasks[split]
+        )
+        for split in tasks
+    }
+    for split, lens in lengths.items():
+        print(split, "tokens: min", lens[0], "median", statistics.median(lens), "max", lens[-1])
+        assert 100 <= statistics.median(lens) <= 400
+        assert lens[-1] <= 700
+    # held-out names are split like training names: no blow-up on the test split
+    assert statistics.median(lengths["test"]) <= 1.3 * statistics.median(lengths["train"])
+
+
+def test_tokenizer_is_cached_and_deterministic(tok, tasks, tmp_path):
+    first = tiny_tokenizer.load_or_train(tmp_path, tasks["train"], vocab_size=VOCAB)
+    saved = (tmp_path / tiny_tokenizer.SUBDIR / "tokenizer.json").read_bytes()
+    again = tiny_tokenizer.load_or_train(tmp_path, [], vocab_size=VOCAB)  # no tasks: must load
+    text = prompts.render_text(first, next(conversations(tasks)))
+    assert again.encode(text) == first.encode(text) == tok.encode(text)  # same as the fixture's
+    assert again.get_vocab() == tok.get_vocab()
+    assert (tmp_path / tiny_tokenizer.SUBDIR / "tokenizer.json").read_bytes() == saved
+    with pytest.raises(ValueError, match="vocab_size"):
+        tiny_tokenizer.load_or_train(tmp_path, [], vocab_size=VOCAB * 2)
