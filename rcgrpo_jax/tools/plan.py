@@ -1,0 +1,636 @@
+"""AOT planner: will a config fit a TPU slice, and how fast could its steps run?
+
+    python -m rcgrpo_jax.tools.plan --config=configs/qwen7b.py --topology=v5p-16 \
+        [--prompts=8 --group=8 --seq=4096 --grad_accum=1] [--config.mesh.shape=(1,4,2)] \
+        [--config.model.remat=full] [--json=plan.json]
+
+For a topology of N chips the planner runs on N virtual CPU devices (it re-executes itself with
+`XLA_FLAGS=--xla_force_host_platform_device_count=N`), builds the config's (data, fsdp, tensor)
+mesh and lowers + compiles, with abstract inputs only (ShapeDtypeStructs carrying NamedShardings;
+nothing is allocated):
+
+- train:   the fused RC-GRPO step (`rl.train_step.make_rl_step`) on a [P, G, T] rollout batch;
+- decode:  the sampler's decode program (`sampling.core.decode`) at batch P·G, cache length T;
+- prefill: the sampler's prefill program for one chunk (`--prefill_chunk`) into that cache.
+
+Per program it reports XLA's per-device memory (arguments, outputs, temporaries, peak), whether
+that fits the chip's HBM, analytic FLOPs (`cost_analysis` counts a scanned layer body once, so it
+is not used) and a roofline projection of the step time and MFU. Caveats, also printed:
+memory comes from the XLA *CPU* compiler's buffer assignment, which fuses and schedules
+differently from the TPU compiler (usually more conservatively); collectives over ICI are not
+modelled in the time projection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rcgrpo_jax.tools.chips import GiB, Topology, parse_topology
+
+# Architectures of the two paper models (their HF config.json), so the planner needs no checkpoint.
+HF_PRESETS: dict[str, dict[str, Any]] = {
+    "qwen2.5-7b-instruct": {
+        "model_type": "qwen2",
+        "vocab_size": 152064,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    },
+    "llama-3.1-8b-instruct": {
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": False,
+        "bos_token_id": 128000,
+        "eos_token_id": [128001, 128008, 128009],
+    },
+}
+
+PROGRAMS = ("train", "decode", "prefill")
+HEADROOM = 0.9  # "fits" = peak <= 90% of HBM (runtime reservations, fragmentation, CPU≠TPU)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    prompts: int = 8  # P
+    group: int = 8  # G rollouts per prompt
+    seq: int = 4096  # T tokens per trajectory (= decode cache length)
+    grad_accum: int = 1  # microbatches of whole groups in the train step
+    prefill_chunk: int = 512  # the sampler's largest prefill chunk (Buckets.chunk_max)
+    decode_steps: int = 64  # tokens per decode call (Buckets.decode_steps); memory barely moves
+
+    @property
+    def rollouts(self) -> int:
+        return self.prompts * self.group
+
+
+@dataclasses.dataclass(frozen=True)
+class Assumptions:
+    efficiency: float = 0.6  # fraction of peak FLOP/s a well-fused matmul step reaches
+    headroom: float = HEADROOM
+
+
+# --------------------------------------------------------------------------- model and mesh
+
+
+def model_config(config, extra_vocab: int = 0):
+    """ModelConfig for a run config: the checkpoint's config.json if present, else a preset named
+    by the checkpoint directory, else `model.arch` (the random-init architecture)."""
+    from rcgrpo_jax import models
+
+    m = config.model
+    common = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+    hf_path = Path(m.hf_path) if m.hf_path else None
+    if hf_path is not None and (hf_path / "config.json").is_file():
+        cfg = models.config_from_hf(json.loads((hf_path / "config.json").read_text()), **common)
+    elif hf_path is not None and hf_path.name.lower() in HF_PRESETS:
+        cfg = models.config_from_hf(HF_PRESETS[hf_path.name.lower()], **common)
+    elif hf_path is not None:
+        raise ValueError(
+            f"model.hf_path={m.hf_path!r}: no config.json there and not a known preset "
+            f"({', '.join(HF_PRESETS)})"
+        )
+    else:
+        cfg = models.ModelConfig.from_dict(dict(m.arch.to_dict(), **common))
+    return cfg.replace(vocab_size=cfg.vocab_size + extra_vocab) if extra_vocab else cfg
+
+
+def resolve_mesh_shape(shape: Sequence[int], n: int) -> tuple[int, ...]:
+    """Fills the one -1 entry so the product is n; raises when the shape cannot use n devices."""
+    shape = [int(s) for s in shape]
+    if shape.count(-1) > 1:
+        raise ValueError(f"mesh.shape={tuple(shape)}: at most one entry may be -1")
+    rest = 1
+    for s in shape:
+        rest *= s if s != -1 else 1
+    if -1 in shape:
+        if n % rest:
+            raise ValueError(f"mesh.shape={tuple(shape)} does not divide {n} devices")
+        shape[shape.index(-1)] = n // rest
+    if _prod(shape) != n:
+        raise ValueError(f"mesh.shape={tuple(shape)} uses {_prod(shape)} of {n} devices")
+    return tuple(shape)
+
+
+def _prod(xs: Sequence[int]) -> int:
+    out = 1
+    for x in xs:
+        out *= int(x)
+    return out
+
+
+# --------------------------------------------------------------------------- abstract inputs
+
+
+def _sds(shape, dtype, sharding):
+    import jax
+
+    return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+
+
+def abstract_rl_batch(mesh, shape: Shape, with_ref: bool) -> dict[str, Any]:
+    """The [P, G, T] rollout batch `policy_loss` reads, sharded as `shard_batch` would."""
+    import jax.numpy as jnp
+
+    from rcgrpo_jax.train.state import batch_sharding
+
+    p, g, t = shape.prompts, shape.group, shape.seq
+    spec = {
+        "tokens": ((p, g, t), jnp.int32),
+        "positions": ((p, g, t), jnp.int32),
+        "segments": ((p, g, t), jnp.int32),
+        "loss_mask": ((p, g, t), jnp.int32),
+        "old_logprobs": ((p, g, t), jnp.float32),
+        "rewards": ((p, g), jnp.float32),
+        "reward_token": ((p, g), jnp.int32),
+    }
+    if with_ref:
+        spec["ref_logprobs"] = ((p, g, t), jnp.float32)
+    return {k: _sds(s, d, batch_sharding(mesh, s)) for k, (s, d) in spec.items()}
+
+
+def abstract_rollout_state(cfg, mesh, batch: int, capacity: int):
+    """A `sampling.core.RolloutState` of ShapeDtypeStructs laid out as `_constrain_state` does."""
+    import jax.numpy as jnp
+
+    from rcgrpo_jax.models.decoder import CACHE_AXES, KVCache
+    from rcgrpo_jax.models.sharding import named_sharding
+    from rcgrpo_jax.sampling.core import RolloutState
+
+    def sds(shp, dtype, axes):
+        return _sds(shp, dtype, named_sharding(mesh, axes, shp))
+
+    kv = (cfg.num_layers, batch, capacity, cfg.num_kv_heads, cfg.head_dim)
+    cache = KVCache(
+        k=sds(kv, cfg.compute_dtype, CACHE_AXES),
+        v=sds(kv, cfg.compute_dtype, CACHE_AXES),
+        segments=sds((batch, capacity), jnp.int32, ("cache_batch", "cache_len")),
+        end=sds((batch,), jnp.int32, ("cache_batch",)),
+    )
+    return RolloutState(
+        cache=cache,
+        logits=sds((batch, cfg.vocab_size), jnp.float32, ("cache_batch", None)),
+        traj=sds((batch,), jnp.int32, ("cache_batch",)),
+        n_sampled=sds((batch,), jnp.int32, ("cache_batch",)),
+    )
+
+
+def _replicated(mesh, x):
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return _sds(x.shape, x.dtype, NamedSharding(mesh, PartitionSpec()))
+
+
+def device_bytes(tree) -> int:
+    """Bytes one device holds for a pytree of sharded ShapeDtypeStructs (the largest shard)."""
+    import jax
+    import numpy as np
+
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shard = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+        total += int(np.prod(shard, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+    return total
+
+
+# --------------------------------------------------------------------------- lowering
+
+
+@dataclasses.dataclass
+class Compiled:
+    program: str
+    compiled: Any
+    compile_s: float
+    resident_bytes: int = 0  # per-device bytes that stay allocated beside this program
+
+
+def train_setup(cfg, mesh, shape: Shape, kl_beta: float = 0.0):
+    """(jitted fused RC-GRPO step, abstract TrainState, abstract batch); nothing is compiled."""
+    from rcgrpo_jax import models
+    from rcgrpo_jax.rl.losses import PolicyLossConfig
+    from rcgrpo_jax.rl.train_step import make_rl_step
+    from rcgrpo_jax.train.optim import OptimConfig, make_optimizer
+    from rcgrpo_jax.train.state import abstract_train_state, state_shardings
+
+    optimizer = make_optimizer(OptimConfig(grad_accum=shape.grad_accum))
+    pshapes = models.param_shapes(cfg)
+    shardings = state_shardings(optimizer, models.param_shardings(cfg, mesh), mesh, pshapes)
+    state = abstract_train_state(optimizer, pshapes, shardings)
+    step = make_rl_step(
+        cfg,
+        PolicyLossConfig(kl_beta=kl_beta),
+        optimizer,
+        mesh=mesh,
+        shardings=shardings,
+        grad_accum=shape.grad_accum,
+    )
+    return step.jitted, state, abstract_rl_batch(mesh, shape, with_ref=kl_beta > 0)
+
+
+def compile_train(jitted, mesh, state, batch) -> Compiled:
+    from rcgrpo_jax.models.sharding import use_mesh
+
+    t0 = time.perf_counter()
+    with use_mesh(mesh):
+        compiled = jitted.lower(state, batch).compile()
+    return Compiled("train", compiled, time.perf_counter() - t0)
+
+
+def compile_sampler(cfg, mesh, shape: Shape, program: str, params, resident: int) -> Compiled:
+    """Lowers + compiles `sampling.core.decode` or `prefill` at batch P·G, cache length T."""
+    import jax
+    import jax.numpy as jnp
+
+    from rcgrpo_jax.models.sharding import use_mesh
+    from rcgrpo_jax.sampling import core
+
+    b = shape.rollouts
+    state = abstract_rollout_state(cfg, mesh, b, shape.seq)
+    rep = lambda shp, dt: _replicated(mesh, jax.ShapeDtypeStruct(shp, dt))
+    batch_vec = lambda dt: _sds((b,), dt, state.traj.sharding)
+    t0 = time.perf_counter()
+    with use_mesh(mesh):
+        if program == "decode":
+            key = _replicated(mesh, jax.eval_shape(lambda: jax.random.key(0)))
+            lowered = core.decode.lower(
+                cfg,
+                core.SampleMode("filtered"),
+                shape.decode_steps,
+                params,
+                state,
+                key,
+                rep((), jnp.float32),
+                rep((), jnp.int32),
+                rep((), jnp.float32),
+                batch_vec(jnp.int32),
+                _sds((b, 4), jnp.int32, state.cache.segments.sharding),
+            )
+        else:
+            chunk = _sds(
+                (b, min(shape.prefill_chunk, shape.seq)), jnp.int32, state.cache.segments.sharding
+            )
+            lowered = core.prefill.lower(cfg, params, state, chunk, batch_vec(jnp.int32))
+        compiled = lowered.compile()
+    return Compiled(program, compiled, time.perf_counter() - t0, resident)
+
+
+# --------------------------------------------------------------------------- analytics
+
+
+def matmul_params(cfg) -> int:
+    """Weights that take part in a matmul per token: every layer's projections plus the LM head
+    (the embedding lookup is a gather, not a matmul)."""
+    e, h, kv, d, m = (
+        cfg.hidden_size,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        cfg.intermediate_size,
+    )
+    return cfg.num_layers * (2 * e * h * d + 2 * e * kv * d + 3 * e * m) + e * cfg.vocab_size
+
+
+def train_flops(cfg, shape: Shape) -> tuple[float, float]:
+    """(model FLOPs, hardware FLOPs) of one train step on P·G·T tokens.
+
+    model    = 6·N·tokens + 12·L·H·D·T·tokens   (fwd 2 + bwd 4 per weight per token; attention
+               QKᵀ and PV, 2·2·H·D·T per token per layer forward, ×3 with backward, counted over
+               the full T×T because our dense masked attention computes every entry)
+    hardware = model + what the remat policy recomputes in the backward pass:
+               full: one more forward of the layers (2·N_layers + 4·L·H·D·T per token);
+               dots_no_batch: the attention einsums (4·L·H·D·T); dots / none: nothing.
+    """
+    tokens = shape.rollouts * shape.seq
+    n = matmul_params(cfg)
+    n_layers = n - cfg.hidden_size * cfg.vocab_size
+    attn_fwd = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * shape.seq  # per token
+    model = (6 * n + 3 * attn_fwd) * tokens
+    recompute = {"full": 2 * n_layers + attn_fwd, "dots_no_batch": attn_fwd}.get(cfg.remat, 0)
+    return float(model), float(model + recompute * tokens)
+
+
+def sampler_flops(cfg, shape: Shape, program: str) -> float:
+    """FLOPs of one decode token step (B rows) or one prefill chunk: 2·N per token plus
+    attention over the whole cache capacity T (dense: 4·L·H·D·T per token)."""
+    per_tok = 2 * matmul_params(cfg) + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * shape.seq
+    toks = shape.rollouts * (1 if program == "decode" else min(shape.prefill_chunk, shape.seq))
+    return float(per_tok * toks)
+
+
+def _itemsize(dtype) -> int:
+    import numpy as np
+
+    return np.dtype(dtype).itemsize
+
+
+def hbm_traffic(cfg, mesh, shape: Shape, program: str, state_bytes: int) -> float:
+    """Per-device HBM bytes one step must move at least (the roofline's memory side).
+
+    FSDP gathers each layer's weights onto every device, so a device reads all weights divided
+    only by the tensor axis (in param dtype; the bf16 cast is fused). train: weights × (2, or 3
+    with full remat) + the optimizer's read/write of its state shard (2 × state bytes).
+    decode/prefill: weights once + the device's share of the KV cache. Activations ignored.
+    """
+    tensor = mesh.shape["tensor"]
+    w = matmul_params(cfg) * _itemsize(cfg.weight_dtype) / tensor
+    if program == "train":
+        passes = 3 if cfg.remat == "full" else 2
+        return w * passes * shape.grad_accum + 2 * state_bytes
+    kv_bytes = (
+        2
+        * cfg.num_layers
+        * shape.rollouts
+        * shape.seq
+        * cfg.num_kv_heads
+        * cfg.head_dim
+        * _itemsize(cfg.compute_dtype)
+    )
+    return w + kv_bytes / mesh.size
+
+
+def memory(compiled) -> dict[str, int]:
+    """XLA's per-device memory: peak = arguments + outputs − donated aliases + temporaries."""
+    ma = compiled.memory_analysis()
+    out = {
+        "argument": int(ma.argument_size_in_bytes),
+        "output": int(ma.output_size_in_bytes),
+        "alias": int(ma.alias_size_in_bytes),
+        "temp": int(ma.temp_size_in_bytes),
+    }
+    out["peak"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
+    return out
+
+
+def project(
+    flops: tuple[float, float], traffic: float, topo: Topology, assume: Assumptions
+) -> dict[str, float | str]:
+    """Roofline: time = max(hw FLOPs / (chips·peak·efficiency), bytes / HBM bandwidth);
+    MFU = model FLOPs / (time · chips · peak)."""
+    model, hardware = flops
+    chip = topo.chip
+    t_compute = hardware / (topo.chips * chip.peak_flops * assume.efficiency)
+    t_memory = traffic / chip.hbm_bandwidth
+    t = max(t_compute, t_memory)
+    return {
+        "time_s": t,
+        "bound": "compute" if t_compute >= t_memory else "memory",
+        "mfu": model / (t * topo.chips * chip.peak_flops),
+    }
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def plan(
+    config,
+    topology: str | Topology,
+    shape: Shape = Shape(),
+    *,
+    programs: Sequence[str] = ("train", "decode"),
+    devices=None,
+    assume: Assumptions = Assumptions(),
+    kl_beta: float = 0.0,
+    extra_vocab: int = 0,
+) -> list[dict[str, Any]]:
+    """One row per program: memory, fit, FLOPs, projection. `devices`: defaults to the first
+    `chips` of `jax.devices()` (the CLI provides exactly that many virtual CPU devices)."""
+    import jax
+
+    from rcgrpo_jax import models
+
+    topo = parse_topology(topology) if isinstance(topology, str) else topology
+    unknown = sorted(set(programs) - set(PROGRAMS))
+    if unknown:
+        raise ValueError(f"unknown programs {unknown}; known: {', '.join(PROGRAMS)}")
+    devices = list(jax.devices() if devices is None else devices)
+    if len(devices) < topo.chips:
+        raise ValueError(f"{topo.name} needs {topo.chips} devices, {len(devices)} available")
+    mesh_shape = resolve_mesh_shape(config.mesh.shape, topo.chips)
+    mesh = models.make_mesh(mesh_shape, devices[: topo.chips])
+    cfg = model_config(config, extra_vocab)
+    if shape.prompts % shape.grad_accum:
+        raise ValueError(f"prompts={shape.prompts} not divisible by grad_accum={shape.grad_accum}")
+
+    jitted, state, batch = train_setup(cfg, mesh, shape, kl_beta)
+    compiled = [compile_train(jitted, mesh, state, batch)] if "train" in programs else []
+    state_bytes = device_bytes(state)
+    opt_bytes = device_bytes(state.opt_state)
+    for prog in ("decode", "prefill"):
+        if prog in programs:
+            compiled.append(compile_sampler(cfg, mesh, shape, prog, state.params, opt_bytes))
+
+    rows = []
+    base = {
+        "model": f"{cfg.family}:{cfg.num_layers}L/{cfg.hidden_size}",
+        "params_b": cfg.num_params() / 1e9,
+        "topology": topo.name,
+        "chip": topo.chip.name,
+        "chips": topo.chips,
+        "hosts": topo.hosts,
+        "mesh": "x".join(map(str, mesh_shape)),
+        "remat": cfg.remat,
+        "P": shape.prompts,
+        "G": shape.group,
+        "T": shape.seq,
+        "grad_accum": shape.grad_accum,
+        "hbm_gib": topo.chip.hbm_bytes / GiB,
+        "state_gib": state_bytes / GiB,
+    }
+    for c in compiled:
+        mem = memory(c.compiled)
+        total = mem["peak"] + c.resident_bytes
+        if c.program == "train":
+            flops = train_flops(cfg, shape)
+        else:
+            f = sampler_flops(cfg, shape, c.program)
+            flops = (f, f)
+        traffic = hbm_traffic(cfg, mesh, shape, c.program, state_bytes)
+        proj = project(flops, traffic, topo, assume)
+        rows.append(
+            dict(
+                base,
+                program=c.program,
+                **{f"{k}_gib": v / GiB for k, v in mem.items()},
+                resident_gib=c.resident_bytes / GiB,
+                total_gib=total / GiB,
+                hbm_frac=total / topo.chip.hbm_bytes,
+                fits=total <= assume.headroom * topo.chip.hbm_bytes,
+                model_tflop=flops[0] / 1e12,
+                hw_tflop=flops[1] / 1e12,
+                hbm_traffic_gib=traffic / GiB,
+                compile_s=c.compile_s,
+                **proj,
+            )
+        )
+    return rows
+
+
+COLUMNS = (
+    ("topology", "{}"),
+    ("mesh", "{}"),
+    ("remat", "{}"),
+    ("program", "{}"),
+    ("argument_gib", "{:.2f}"),
+    ("output_gib", "{:.2f}"),
+    ("temp_gib", "{:.2f}"),
+    ("resident_gib", "{:.2f}"),
+    ("total_gib", "{:.2f}"),
+    ("hbm_gib", "{:.0f}"),
+    ("fits", "{}"),
+    ("model_tflop", "{:.1f}"),
+    ("hw_tflop", "{:.1f}"),
+    ("time_s", "{:.3g}"),
+    ("bound", "{}"),
+    ("mfu", "{:.0%}"),
+    ("compile_s", "{:.0f}"),
+)
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A markdown table (pastes into the README as is)."""
+    head = "| " + " | ".join(k.removesuffix("_gib") + (" GiB" if k.endswith("_gib") else "")
+                             for k, _ in COLUMNS) + " |"  # fmt: skip
+    lines = [head, "|" + "---|" * len(COLUMNS)]
+    for r in rows:
+        cells = [fmt.format("yes" if r[k] is True else "NO" if r[k] is False else r[k])
+                 for k, fmt in COLUMNS]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def describe(rows: Sequence[dict[str, Any]], assume: Assumptions) -> str:
+    """The assumptions behind the numbers, printed under the table."""
+    if not rows:
+        return ""
+    r = rows[0]
+    return "\n".join(
+        [
+            f"model {r['model']} ({r['params_b']:.2f}B params), {r['topology']} = {r['chips']} "
+            f"{r['chip']} chips on {r['hosts']} hosts; batch P={r['P']} x G={r['G']} x "
+            f"T={r['T']}, grad_accum={r['grad_accum']}; train state {r['state_gib']:.2f} GiB/chip",
+            "memory: per device, from XLA:CPU buffer assignment (peak = args + outputs - donated "
+            "+ temp); rollout programs add 'resident' = the optimizer moments that stay on device",
+            f"fits: total <= {assume.headroom:.0%} of HBM. time: max(hw FLOPs / (chips x peak x "
+            f"{assume.efficiency:.0%}), HBM bytes / bandwidth); ICI collectives not modelled",
+            "train FLOPs: 6*N*tokens + 12*L*H*D*T*tokens (+ remat recompute in hw); decode: "
+            "per token step of all P*G rows; prefill: one chunk of all rows",
+        ]
+    )
+
+
+# --------------------------------------------------------------------------- CLI
+
+_DEVICES_ENV = "RCGRPO_PLAN_DEVICES"
+
+
+def _topology_from_argv(argv: Sequence[str]) -> str | None:
+    for i, a in enumerate(argv):
+        if a.startswith("--topology="):
+            return a.split("=", 1)[1]
+        if a == "--topology" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def ensure_virtual_devices(argv: Sequence[str]) -> None:
+    """Re-executes this module with N virtual CPU devices unless it already has them (XLA reads
+    the flag once, when the backend starts, so it must be in the environment beforehand)."""
+    name = _topology_from_argv(argv)
+    if name is None:
+        return
+    try:
+        n = parse_topology(name).chips
+    except ValueError:
+        return  # absl reports it
+    if os.environ.get(_DEVICES_ENV) == str(n):
+        return
+    flags = [
+        f
+        for f in os.environ.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **{_DEVICES_ENV: str(n)})
+    env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={n}"])
+    os.execve(sys.executable, [sys.executable, "-m", "rcgrpo_jax.tools.plan", *argv[1:]], env)
+
+
+def _define_flags():
+    from absl import flags
+    from ml_collections import config_flags
+
+    config = config_flags.DEFINE_config_file("config", "configs/qwen7b.py", "Experiment config.")
+    flags.DEFINE_string("topology", "v5p-16", "TPU slice, e.g. v5p-16 (cores), v6e-16 (chips).")
+    flags.DEFINE_integer("prompts", 8, "P: prompts per step.")
+    flags.DEFINE_integer("group", 8, "G: rollouts per prompt.")
+    flags.DEFINE_integer("seq", 4096, "T: tokens per trajectory (= decode cache length).")
+    flags.DEFINE_integer("grad_accum", 1, "Microbatches of whole groups in the train step.")
+    flags.DEFINE_integer("prefill_chunk", 512, "Prefill chunk length.")
+    flags.DEFINE_list("programs", ["train", "decode", "prefill"], f"Subset of {PROGRAMS}.")
+    flags.DEFINE_float("efficiency", 0.6, "Assumed fraction of peak FLOP/s reached.")
+    flags.DEFINE_float("kl_beta", 0.0, "KL weight (>0 adds the ref_logprobs input).")
+    flags.DEFINE_integer("extra_vocab", 0, "Rows added to the vocabulary (reward tokens).")
+    flags.DEFINE_string("json", "", "Also write the rows as JSON to this file.")
+    return config
+
+
+def main(argv: Sequence[str]) -> int:
+    from absl import flags, logging
+
+    logging.set_verbosity(logging.WARNING)
+
+    f = flags.FLAGS
+    if len(argv) > 1:
+        raise SystemExit(f"unexpected arguments: {' '.join(argv[1:])}")
+    shape = Shape(f.prompts, f.group, f.seq, f.grad_accum, f.prefill_chunk)
+    assume = Assumptions(efficiency=f.efficiency)
+    rows = plan(
+        _CONFIG.value,
+        f.topology,
+        shape,
+        programs=f.programs,
+        assume=assume,
+        kl_beta=f.kl_beta,
+        extra_vocab=f.extra_vocab,
+    )
+    print(format_table(rows))
+    print(describe(rows, assume))
+    if f.json:
+        Path(f.json).write_text(json.dumps(rows, indent=1, default=str) + "\n")
+    return 0 if all(r["fits"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    ensure_virtual_devices(sys.argv)
+    from absl import app
+
+    _CONFIG = _define_flags()
+    app.run(main)

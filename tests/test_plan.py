@@ -1,0 +1,141 @@
+"""AOT planner on a tiny model (8 virtual devices from conftest) and the multi-host start-up rule.
+
+The planner compiles, never runs: these tests check that it lowers the fused RC-GRPO step and the
+sampler programs, that its memory figure moves the right way with batch and remat, and that the
+analytic FLOPs and topology conventions are what the README documents.
+"""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+from rcgrpo_jax import distributed
+from rcgrpo_jax.config import base_config
+from rcgrpo_jax.tools import plan as planner
+from rcgrpo_jax.tools.chips import parse_topology
+
+
+def _tiny(remat: str = "none", mesh=(1, -1, 1)):
+    c = base_config()
+    c.model.dtype = "float32"
+    c.model.remat = remat
+    c.mesh.shape = mesh
+    return c
+
+
+def _train_row(config, shape):
+    (row,) = planner.plan(config, "v5e-8", shape, programs=("train",), devices=jax.devices()[:8])
+    return row
+
+
+@pytest.fixture(scope="module")
+def base_row():
+    return _train_row(_tiny(), planner.Shape(prompts=1, group=8, seq=512))
+
+
+def test_all_programs_compile_and_report(base_row):
+    rows = planner.plan(
+        _tiny(mesh=(1, 4, 2)),
+        "v5e-8",
+        planner.Shape(prompts=1, group=8, seq=64, prefill_chunk=32, decode_steps=4),
+        programs=("decode",),
+        devices=jax.devices()[:8],
+    )
+    assert [r["program"] for r in rows] == ["decode"]
+    for r in rows + [base_row]:
+        assert r["temp_gib"] > 0 and r["argument_gib"] > 0
+        assert r["fits"] and r["time_s"] > 0 and 0 < r["mfu"] <= 1
+    assert rows[0]["mesh"] == "1x4x2" and base_row["mesh"] == "1x8x1"
+    assert rows[0]["resident_gib"] > 0  # optimizer moments stay beside the sampler
+    table = planner.format_table(rows + [base_row])
+    assert table.count("\n") == 3 and "| train |" in table
+
+
+def test_temp_memory_grows_with_batch(base_row):
+    big = _train_row(_tiny(), planner.Shape(prompts=4, group=8, seq=512))
+    assert big["temp_gib"] > 1.5 * base_row["temp_gib"]
+    assert big["total_gib"] > base_row["total_gib"]
+
+
+def test_full_remat_uses_less_temp_memory(base_row):
+    full = _train_row(_tiny("full"), planner.Shape(prompts=1, group=8, seq=512))
+    assert full["temp_gib"] < base_row["temp_gib"]
+    assert full["hw_tflop"] > full["model_tflop"] == pytest.approx(base_row["model_tflop"])
+
+
+def test_flops_formula():
+    cfg = planner.model_config(_tiny())
+    shape = planner.Shape(prompts=2, group=4, seq=128)
+    model, hw = planner.train_flops(cfg, shape)
+    n = planner.matmul_params(cfg)
+    tokens = 2 * 4 * 128
+    attn = 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * 128 * tokens
+    assert model == hw == 6 * n * tokens + attn
+    assert n < cfg.num_params() + cfg.hidden_size * cfg.vocab_size
+
+
+@pytest.mark.parametrize(
+    "name,chips,hosts",
+    [("v5p-16", 8, 2), ("v6e-16", 16, 4), ("v5e-32", 32, 8), ("v5litepod-8", 8, 2), ("v4-8", 4, 1)],
+)
+def test_topology_names(name, chips, hosts):
+    t = parse_topology(name)
+    assert (t.chips, t.hosts) == (chips, hosts)
+
+
+@pytest.mark.parametrize("bad", ["v5p-1", "v7x-8", "v5p16", "tpu"])
+def test_bad_topology(bad):
+    with pytest.raises(ValueError):
+        parse_topology(bad)
+
+
+def test_mesh_shape_resolution():
+    assert planner.resolve_mesh_shape((1, -1, 2), 16) == (1, 8, 2)
+    with pytest.raises(ValueError):
+        planner.resolve_mesh_shape((1, 3, -1), 16)
+    with pytest.raises(ValueError):
+        planner.resolve_mesh_shape((1, 4, 2), 16)
+
+
+def test_paper_model_presets():
+    c = base_config()
+    c.model.hf_path = "/nonexistent/Qwen2.5-7B-Instruct"
+    qwen = planner.model_config(c)
+    assert 7.5e9 < qwen.num_params() < 7.7e9 and qwen.qkv_bias
+    c.model.hf_path = "/nonexistent/Llama-3.1-8B-Instruct"
+    llama = planner.model_config(c)
+    assert 8.0e9 < llama.num_params() < 8.1e9 and llama.rope_scaling is not None
+
+
+# ------------------------------------------------------------------ multi-host start-up rule
+
+
+def _decide(env, tpu=False):
+    return distributed.decide(env, tpu_device_present=lambda: tpu)
+
+
+def test_single_cpu_process_is_a_no_op():
+    assert not _decide({}).initialize
+    assert not distributed.maybe_initialize({"RCGRPO_DISTRIBUTED": "0"})
+
+
+def test_multi_host_signals():
+    assert _decide({"TPU_WORKER_HOSTNAMES": "10.0.0.2,10.0.0.3"}).initialize
+    assert not _decide({"TPU_WORKER_HOSTNAMES": "10.0.0.2"}).initialize
+    assert _decide({}, tpu=True).initialize
+    assert not _decide({"TPU_SKIP_MDS_QUERY": "1"}, tpu=True).initialize
+    assert _decide({"RCGRPO_DISTRIBUTED": "1"}).initialize
+    assert not _decide({"RCGRPO_DISTRIBUTED": "0", "TPU_WORKER_HOSTNAMES": "a,b"}).initialize
+    d = _decide(
+        {
+            "JAX_COORDINATOR_ADDRESS": "localhost:1234",
+            "JAX_NUM_PROCESSES": "2",
+            "JAX_PROCESS_ID": "1",
+        }
+    )
+    assert d.kwargs == {
+        "coordinator_address": "localhost:1234",
+        "num_processes": 2,
+        "process_id": 1,
+    }
