@@ -55,7 +55,6 @@ NAMES = {
     split: tuple(a + b for a in SYLLABLES for b in SYLLABLES if name_split(a + b) == split)
     for split in SPLITS
 }
-NAMES_PER_TASK = 48
 
 
 def _doc(name: str, description: str, required: Sequence[str] = (), **optional: Any) -> dict:
@@ -406,7 +405,10 @@ def _next_turn(ctx: _Ctx, kinds: Sequence[str]) -> tuple[str, Turn] | None:
 
 def generate(rng: random.Random, split: str, diff: Difficulty) -> tuple[dict, list[Turn]] | None:
     """One task's initial config and turns from `rng`, or None if a template had no target."""
-    pool = rng.sample(NAMES[split], NAMES_PER_TASK)  # names of files, folders and contents
+    # Enough names for every folder (up to 2 * depth), its files and subfolder, the root,
+    # its file and the names the turns create; contents reuse names not taken yet.
+    size = 2 * diff.depth * (diff.distractors + 2) + 8 + 2 * diff.turns[1]
+    pool = rng.sample(NAMES[split], size)
     take = pool.pop
     config = initial_config(rng, take, pool, diff)
     (instances,) = load_instances(config, CLASSES, long_context=False)
