@@ -53,7 +53,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.env = ml_collections.ConfigDict()
     c.env.benchmark = "bfcl"  # bfcl | synthetic
+    c.env.categories = BFCL_CATEGORIES  # BFCL categories used for training (bfcl benchmark)
     c.env.max_steps_per_turn = 20  # BFCL's MAXIMUM_STEP_LIMIT
+    c.env.synthetic = ml_collections.ConfigDict({"num_train": 512, "num_test": 64, "seed": 0})
 
     c.eval = ml_collections.ConfigDict()
     c.eval.policy = "model"  # model | ground_truth | empty
@@ -65,5 +67,77 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.temperature = 0.0  # greedy
     c.eval.batch_size = 0  # entries decoded together (0 = all at once)
     c.eval.reward_token = ml_collections.config_dict.placeholder(int)  # None | 1 high | 0 low
+
+    # Stage 1: SFT (golden trajectories) / RCTP (mixed quality + reward tokens), train/sft.py.
+    c.rctp = ml_collections.ConfigDict()
+    c.rctp.low_per_high = 1.0  # label-0 examples kept per label-1 example (< 0: keep all)
+    c.rctp.perturbations = (
+        "wrong_arg", "missing_step", "extra_step", "wrong_order", "premature_stop", "foreign_call",
+    )  # fmt: skip
+    c.rctp.perturbations_per_entry = 1  # per kind and entry
+    c.rctp.rollouts_per_entry = 0  # trajectories of the initial policy per entry (low quality)
+    c.rctp.rollout_batch = 64
+    c.rctp.heldout_entries = 0  # whole training entries kept out of the stage-1 data
+    c.rctp.max_tokens = 0  # drop longer rendered trajectories (0 = no limit)
+    c.rctp.eval_entries = 32  # held-out entries for the controllability report (0 = skip)
+
+    c.train = ml_collections.ConfigDict()
+    c.train.steps = 1000
+    c.train.batch_size = 8  # packed rows per step (global)
+    c.train.seq_len = 4096  # row length; examples are packed, never split
+    c.train.checkpoint_every = 100
+    c.train.keep_checkpoints = 3
+    c.train.peak_flops = 0.0  # per-device peak FLOP/s for the MFU estimate (0 = not logged)
+    c.train.optim = ml_collections.ConfigDict(
+        {
+            "lr": 1e-5,
+            "warmup_steps": 20,
+            "total_steps": 0,  # 0 = train.steps
+            "weight_decay": 0.0,
+            "b1": 0.9,
+            "b2": 0.95,
+            "eps": 1e-8,
+            "clip_norm": 1.0,
+            "grad_accum": 1,
+            "min_lr_ratio": 0.1,
+        }
+    )
+
+    # Stage 2: GRPO / RC-GRPO (rl/loop.py). One iteration = P prompts x G rollouts, then
+    # epochs x minibatches fused updates over whole groups.
+    c.rl = ml_collections.ConfigDict()
+    c.rl.init_from = ""  # HF dir of the stage-1 policy (e.g. <workdir>/rctp/export); "" = model
+    c.rl.steps = 100  # RL iterations
+    c.rl.num_prompts = 8  # P
+    c.rl.group_size = 8  # G
+    c.rl.p_high = 0.5  # P_sample(<|high_reward|>) for RC-GRPO
+    c.rl.stratified = True  # RC-GRPO: round(p_high*G) high tokens per group, both always present
+    c.rl.max_new_tokens = 256  # per assistant step
+    c.rl.max_len = 16384  # tokens per trajectory = the train step's T
+    c.rl.temperature = 1.0
+    c.rl.top_p = 1.0
+    c.rl.epochs = 1
+    c.rl.minibatches = 1  # updates per epoch; each holds num_prompts/minibatches whole groups
+    c.rl.clip_low = 0.2
+    c.rl.clip_high = 0.28
+    c.rl.kl_beta = 0.0  # k3 KL to the initial policy
+    c.rl.aggregation = "token"  # token | sequence
+    c.rl.eval_every = 10  # iterations; 0 = never (RC-GRPO evaluates with <|high_reward|>)
+    c.rl.checkpoint_every = 10
+    c.rl.keep_checkpoints = 3
+    c.rl.optim = ml_collections.ConfigDict(
+        {
+            "lr": 1e-6,
+            "warmup_steps": 0,
+            "total_steps": 0,  # 0 = steps x epochs x minibatches
+            "weight_decay": 0.0,
+            "b1": 0.9,
+            "b2": 0.999,
+            "eps": 1e-8,
+            "clip_norm": 1.0,
+            "grad_accum": 1,  # microbatches per update (scanned inside the step)
+            "min_lr_ratio": 1.0,  # constant lr after warm-up
+        }
+    )
 
     return c

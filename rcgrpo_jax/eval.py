@@ -174,6 +174,19 @@ def model_episodes(
     return episodes
 
 
+def success_rate(
+    config: Any, model: tuple[Any, Any], tokenizer: Any, mesh: Any, entries, reward_token
+) -> float:
+    """Held-out success of the model (eval.* sampling settings), conditioned on `reward_token`
+    (None: no token) — for periodic RL evaluation and the RCTP controllability report."""
+    import ml_collections
+
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.eval.reward_token = reward_token
+    episodes = model_episodes(c, entries, model, tokenizer, mesh)
+    return sum(e.result().reward for e in episodes) / max(len(episodes), 1)
+
+
 def run(
     config: Any,
     generate_fn: bfcl.GenerateFn | None = None,

@@ -64,6 +64,9 @@ def parse_flags(argv: list[str]) -> list[str]:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    from rcgrpo_jax.distributed import maybe_initialize
+
+    maybe_initialize()  # multi-host TPU slices; a no-op for a single process
     config = _CONFIG.value
     if not config.workdir:
         config.workdir = str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)

@@ -39,8 +39,9 @@ def mesh_from_config(config: ml_collections.ConfigDict):
     return models.make_mesh(shape)
 
 
-def model_from_config(config: ml_collections.ConfigDict, mesh=None):
-    """(cfg, params): the HF checkpoint at model.hf_path, or a random model from model.arch."""
+def model_from_config(config: ml_collections.ConfigDict, mesh=None, hf_path: str = ""):
+    """(cfg, params): the HF checkpoint at `hf_path` or model.hf_path, else a random model from
+    model.arch."""
     import jax
     import jax.numpy as jnp
 
@@ -48,11 +49,12 @@ def model_from_config(config: ml_collections.ConfigDict, mesh=None):
 
     m = config.model
     common = dict(remat=m.remat)
-    if m.hf_path:
-        if not Path(m.hf_path).is_dir():
-            raise UserError(f"model.hf_path={m.hf_path!r} does not exist")
+    hf_path = hf_path or m.hf_path
+    if hf_path:
+        if not Path(hf_path).is_dir():
+            raise UserError(f"model path {hf_path!r} does not exist")
         return models.load_hf(
-            m.hf_path,
+            hf_path,
             dtype=jnp.dtype(m.param_dtype),
             mesh=mesh,
             compute_dtype=jnp.dtype(m.dtype),
@@ -66,13 +68,44 @@ def model_from_config(config: ml_collections.ConfigDict, mesh=None):
     return cfg, models.init_params(cfg, jax.random.key(config.seed), mesh)
 
 
-def tokenizer_from_config(config: ml_collections.ConfigDict):
-    """The transformers tokenizer at `tokenizer_path`, else the one saved with the model."""
+def tokenizer_from_config(config: ml_collections.ConfigDict, model_path: str = ""):
+    """The transformers tokenizer at `tokenizer_path`, else the one saved with the model
+    (`model_path`, e.g. a previous stage's export, or model.hf_path)."""
     from transformers import AutoTokenizer
 
-    path = config.tokenizer_path or config.model.hf_path
+    path = config.tokenizer_path or model_path or config.model.hf_path
     if not path:
         raise UserError("no tokenizer: set tokenizer_path or model.hf_path")
     if not Path(path).is_dir():
         raise UserError(f"tokenizer path {path!r} does not exist")
     return AutoTokenizer.from_pretrained(path)
+
+
+def ensure_reward_tokens(cfg, params, tokenizer, mesh=None):
+    """Adds `<|high_reward|>`/`<|low_reward|>` to the tokenizer if absent and makes sure their
+    embedding rows exist; rows created here start at the mean embedding. Returns
+    (cfg, params, {reward: token id})."""
+    from rcgrpo_jax import models
+    from rcgrpo_jax.envs import prompts
+
+    n_before = len(tokenizer)
+    ids = prompts.add_reward_tokens(tokenizer)
+    if len(tokenizer) > cfg.vocab_size:  # padded to 128 so the vocab axis still shards evenly
+        return (*models.resize_vocab(cfg, params, -(-len(tokenizer) // 128) * 128), ids)
+    if len(tokenizer) > n_before:  # new ids fell into the checkpoint's padded rows
+        params = models.mean_init_rows(cfg, params, sorted(ids.values()), n_before)
+    return cfg, params, ids
+
+
+def task_entries(config: ml_collections.ConfigDict, split: str) -> list:
+    """Training or held-out entries of the configured benchmark."""
+    if config.env.benchmark == "bfcl":
+        from rcgrpo_jax.envs import bfcl
+
+        return [e for c in config.env.categories for e in bfcl.split_entries(split, c)]
+    if config.env.benchmark == "synthetic":
+        from rcgrpo_jax.envs import synthetic
+
+        n = config.env.synthetic.num_train if split == "train" else config.env.synthetic.num_test
+        return synthetic.make_tasks(split, int(n), seed=int(config.env.synthetic.seed))
+    raise UserError(f"env.benchmark={config.env.benchmark!r}; expected 'bfcl' or 'synthetic'")

@@ -5,11 +5,13 @@ from rcgrpo_jax.models.api import (
     apply,
     forward,
     init_params,
+    mean_init_rows,
     param_logical_axes,
     param_shapes,
     param_shardings,
     positions_from_mask,
     resize_vocab,
+    token_logprobs,
 )
 from rcgrpo_jax.models.config import ModelConfig, RopeScaling
 from rcgrpo_jax.models.decoder import KVCache, init_cache
@@ -27,6 +29,7 @@ __all__ = [
     "forward",
     "init_cache",
     "init_params",
+    "mean_init_rows",
     "load_hf",
     "make_mesh",
     "param_logical_axes",
@@ -35,5 +38,6 @@ __all__ = [
     "positions_from_mask",
     "resize_vocab",
     "save_hf",
+    "token_logprobs",
     "use_mesh",
 ]

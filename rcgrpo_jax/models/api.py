@@ -71,6 +71,54 @@ def apply(
     return Decoder(cfg).apply({"params": params}, tokens, positions, segments, cache, logits_at)
 
 
+def head_weights(cfg: ModelConfig, params: Params) -> jax.Array:
+    """The output projection [E, V] (the embedding, transposed, when tied)."""
+    return params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
+
+
+def token_logprobs(
+    cfg: ModelConfig,
+    params: Params,
+    tokens: jax.Array,
+    positions: jax.Array,
+    segments: jax.Array,
+    *,
+    chunk: int = 512,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(log p(tokens[:, t+1] | <= t), entropy at t, valid) — each [B, T-1], float32.
+
+    The head runs over `chunk` positions at a time under `jax.checkpoint`, so neither the forward
+    nor the backward pass holds more than [B, chunk, V] logits. `valid` marks targets in the
+    same non-zero segment as their context (packed examples never predict across a boundary).
+    Both SFT and RL losses are built on this one function.
+    """
+    hidden, _ = Decoder(cfg).apply(
+        {"params": params}, tokens, positions, segments, None, None, True
+    )
+    hidden, targets = hidden[:, :-1], tokens[:, 1:].astype(jnp.int32)
+    b, t, e = hidden.shape
+    n = -(-t // chunk)
+    pad = n * chunk - t
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, e)
+    targets = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk)
+    head = head_weights(cfg, params).astype(cfg.compute_dtype)
+
+    @jax.checkpoint
+    def one(h, y):
+        logits = jnp.einsum("bce,ev->bcv", h, head, preferred_element_type=jnp.float32)
+        logp_all = jax.nn.log_softmax(logits, axis=-1)
+        picked = jnp.take_along_axis(logp_all, y[..., None], axis=-1)[..., 0]
+        return picked, -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+
+    _, (logp, ent) = jax.lax.scan(
+        lambda _, xs: (None, one(*xs)), None, (jnp.swapaxes(hidden, 0, 1), targets.swapaxes(0, 1))
+    )
+    logp = jnp.swapaxes(logp, 0, 1).reshape(b, n * chunk)[:, :t]
+    ent = jnp.swapaxes(ent, 0, 1).reshape(b, n * chunk)[:, :t]
+    valid = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
+    return logp, ent, valid
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _forward(cfg: ModelConfig, params: Params, tokens: jax.Array, attention_mask: jax.Array):
     mask = attention_mask.astype(jnp.int32)
@@ -126,3 +174,20 @@ def resize_vocab(cfg: ModelConfig, params: Params, vocab_size: int) -> tuple[Mod
     if mesh is not None:
         out = jax.device_put(out, param_shardings(new_cfg, mesh))
     return new_cfg, out
+
+
+def mean_init_rows(cfg: ModelConfig, params: Params, ids: list[int], n_old: int) -> Params:
+    """Sets embedding rows (and untied lm_head columns) `ids` to the mean over the first `n_old`
+    rows — for tokens added inside a checkpoint's padded vocabulary."""
+    idx = jnp.asarray(ids, jnp.int32)
+    out = dict(params)
+    emb = params["embedding"]
+    out["embedding"] = emb.at[idx].set(
+        jnp.mean(emb[:n_old].astype(jnp.float32), 0).astype(emb.dtype)
+    )
+    if not cfg.tie_embeddings:
+        head = params["lm_head"]
+        mean = jnp.mean(head[:, :n_old].astype(jnp.float32), 1).astype(head.dtype)
+        out["lm_head"] = head.at[:, idx].set(mean[:, None])
+    mesh = _params_mesh(params)
+    return jax.device_put(out, param_shardings(cfg, mesh)) if mesh is not None else out

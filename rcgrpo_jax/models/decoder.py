@@ -205,10 +205,21 @@ class Decoder(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, tokens, positions, segments, cache: KVCache | None = None, logits_at=None):
+    def __call__(
+        self,
+        tokens,
+        positions,
+        segments,
+        cache: KVCache | None = None,
+        logits_at=None,
+        return_hidden: bool = False,
+    ):
         """tokens/positions/segments [B, T]; with `cache`, the chunk is appended at `cache.end`.
 
         Returns (logits [B, T, V] float32 — or [B, 1, V] at positions `logits_at` [B] — , cache).
+        With `return_hidden`, the final-normed hidden states [B, T, E] replace the logits, so a
+        caller can apply the head in chunks (`api.token_logprobs`) instead of materialising
+        [B, T, V] — 20 GB in f32 for 4 × 8k tokens of a 152k vocabulary.
         """
         cfg = self.cfg
         embedding = _param(
@@ -258,6 +269,17 @@ class Decoder(nn.Module):
         if logits_at is not None:
             x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)
         x = RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype, name="final_norm")(x)
+        if return_hidden:
+            if not cfg.tie_embeddings:  # declare the head so init creates it
+                _param(
+                    self,
+                    "lm_head",
+                    nn.initializers.normal(0.02),
+                    (cfg.hidden_size, cfg.vocab_size),
+                    ("embed", "vocab"),
+                    cfg.weight_dtype,
+                )
+            return x, cache
         if cfg.tie_embeddings:
             head = embedding.T
         else:

@@ -39,13 +39,11 @@ class PolicyLossConfig:
 def logprobs_and_entropy(
     cfg: ModelConfig, params: Any, tokens: jax.Array, positions: jax.Array, segments: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    """Per-token log p(tokens[t] | < t) and the policy entropy at t, both [B, T] (0 at t = 0)."""
-    logits, _ = models.apply(cfg, params, tokens, positions, segments)
-    logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-    picked = jnp.take_along_axis(logp_all, tokens[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
-    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
-    pad = jnp.zeros_like(picked[:, :1])
-    return jnp.concatenate([pad, picked], 1), jnp.concatenate([pad, entropy], 1)
+    """Per-token log p(tokens[t] | < t) and the policy entropy at t, both [B, T] (0 at t = 0),
+    aligned with the rollout's tokens / loss mask / old log-probs."""
+    logp, entropy, _ = models.token_logprobs(cfg, params, tokens, positions, segments)
+    pad = jnp.zeros_like(logp[:, :1])
+    return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, entropy], 1)
 
 
 def policy_loss(

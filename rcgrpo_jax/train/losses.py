@@ -32,17 +32,10 @@ def target_logprobs(
     positions: jax.Array,
     segments: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
-    """(log p(tokens[:, t+1] | ≤ t) [B, T-1] float32, valid [B, T-1] bool same-segment targets).
-
-    Shared by SFT and RL losses: the RL stage needs exactly these per-token log-probs.
-    """
-    logits, _ = models.apply(cfg, params, tokens, positions, segments)
-    logits = logits[:, :-1].astype(jnp.float32)
-    targets = tokens[:, 1:]
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    valid = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
-    return picked - lse, valid
+    """(log p(tokens[:, t+1] | ≤ t) [B, T-1] float32, valid [B, T-1] bool same-segment targets),
+    from `models.token_logprobs` (the head is applied in chunks; the RL loss uses it too)."""
+    logp, _, valid = models.token_logprobs(cfg, params, tokens, positions, segments)
+    return logp, valid
 
 
 def masked_nll(

@@ -1,0 +1,232 @@
+"""Stages `grpo` and `rcgrpo`: rollouts → fused train steps → eval → checkpoints → HF export.
+
+One RL iteration, read top to bottom:
+1. draw P training prompts (seeded by iteration: resume needs no iterator state);
+2. draw each rollout's reward token: r_j ~ P_sample(r) for RC-GRPO, none for GRPO;
+3. run the P × G multi-turn rollouts (KV cache kept across turns), rewards from the BFCL checker;
+4. `rl.epochs` × `rl.minibatches` fused train steps over whole groups (advantages in the step);
+5. log, evaluate every `rl.eval_every` iterations (RC-GRPO: conditioned on `<|high_reward|>`),
+   checkpoint every `rl.checkpoint_every`; at the end export an HF directory and plot dynamics.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from rcgrpo_jax import models, runtime
+from rcgrpo_jax.eval import success_rate
+from rcgrpo_jax.rl.advantages import HIGH, NONE, degenerate_groups, sample_reward_tokens
+from rcgrpo_jax.rl.losses import PolicyLossConfig, summarize
+from rcgrpo_jax.rl.rollout import RolloutSettings, collect
+from rcgrpo_jax.rl.train_step import make_rl_step, sequence_logprobs
+from rcgrpo_jax.train import plots
+from rcgrpo_jax.train.checkpoint import Checkpointer
+from rcgrpo_jax.train.metrics import MetricsWriter
+from rcgrpo_jax.train.optim import OptimConfig, make_optimizer, make_schedule
+from rcgrpo_jax.train.state import (
+    abstract_train_state,
+    init_train_state,
+    state_shardings,
+)
+
+DYNAMICS_KEYS = ("reward_mean", "degenerate_frac", "entropy")
+
+
+def _updates_per_iteration(rl: ml_collections.ConfigDict) -> int:
+    return int(rl.epochs) * int(rl.minibatches)
+
+
+def _optim_config(rl: ml_collections.ConfigDict) -> OptimConfig:
+    d = rl.optim.to_dict()
+    if not d.get("total_steps"):
+        d["total_steps"] = int(rl.steps) * _updates_per_iteration(rl)
+    return OptimConfig.from_dict(d)
+
+
+def _check(rl: ml_collections.ConfigDict, algo: str) -> None:
+    if rl.num_prompts % rl.minibatches:
+        raise runtime.UserError(
+            f"rl.num_prompts={rl.num_prompts} is not divisible by rl.minibatches={rl.minibatches}"
+        )
+    if algo == "rcgrpo" and rl.stratified and rl.group_size < 2:
+        raise runtime.UserError("rl.stratified needs rl.group_size >= 2")
+
+
+def reward_tokens_for(algo: str, rl: ml_collections.ConfigDict, seed: int, iteration: int):
+    """[P, G] reward tokens of one iteration (all NONE for plain GRPO)."""
+    shape = (int(rl.num_prompts), int(rl.group_size))
+    if algo == "grpo":
+        return np.full(shape, NONE, np.int32)
+    key = jax.random.fold_in(jax.random.key(seed), iteration)
+    return np.asarray(
+        sample_reward_tokens(key, *shape, float(rl.p_high), bool(rl.stratified)), np.int32
+    )
+
+
+def prompts_for(pool: list[Any], num: int, seed: int, iteration: int) -> list[Any]:
+    """P training entries of one iteration, without replacement within the iteration."""
+    rng = np.random.default_rng([seed, iteration])
+    return [pool[i] for i in rng.choice(len(pool), size=num, replace=len(pool) < num)]
+
+
+def _minibatches(batch: dict[str, np.ndarray], n: int) -> list[dict[str, np.ndarray]]:
+    p = batch["rewards"].shape[0]
+    size = p // n
+    return [{k: v[i * size : (i + 1) * size] for k, v in batch.items()} for i in range(n)]
+
+
+def _ref_logprobs(cfg, params, batch) -> np.ndarray:
+    p, g, t = batch["tokens"].shape
+    flat = {k: batch[k].reshape(p * g, t) for k in ("tokens", "positions", "segments")}
+    out = sequence_logprobs(cfg, params, flat["tokens"], flat["positions"], flat["segments"])
+    return np.asarray(out, np.float32).reshape(p, g, t)
+
+
+def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    algo = config.stage
+    if algo not in ("grpo", "rcgrpo"):
+        raise runtime.UserError(f"rl.loop runs stages grpo/rcgrpo, not {algo!r}")
+    rl = config.rl
+    _check(rl, algo)
+    workdir = Path(config.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    mesh = runtime.mesh_from_config(config)
+    tokenizer = runtime.tokenizer_from_config(config, rl.init_from)
+    cfg, params = runtime.model_from_config(config, mesh, hf_path=rl.init_from)
+    cfg, params, _ = runtime.ensure_reward_tokens(cfg, params, tokenizer, mesh)
+    train_pool = runtime.task_entries(config, "train")
+    test_pool = runtime.task_entries(config, "test")
+    if config.eval.max_entries:
+        test_pool = test_pool[: int(config.eval.max_entries)]
+
+    optim_cfg = _optim_config(rl)
+    optimizer = make_optimizer(optim_cfg)
+    psh = models.param_shardings(cfg, mesh)
+    shardings = state_shardings(optimizer, psh, mesh, params)
+    loss_cfg = PolicyLossConfig(
+        clip_low=float(rl.clip_low), clip_high=float(rl.clip_high), kl_beta=float(rl.kl_beta),
+        aggregation=rl.aggregation,
+    )  # fmt: skip
+    step_fn = make_rl_step(
+        cfg, loss_cfg, optimizer, mesh=mesh, shardings=shardings, grad_accum=optim_cfg.grad_accum,
+        schedule=make_schedule(optim_cfg),
+    )  # fmt: skip
+    settings = RolloutSettings(
+        chat_format=config.model.chat_format, max_new_tokens=int(rl.max_new_tokens),
+        max_len=int(rl.max_len), temperature=float(rl.temperature), top_p=float(rl.top_p),
+        max_steps_per_turn=int(config.env.max_steps_per_turn),
+    )  # fmt: skip
+    ref_params = params if loss_cfg.kl_beta > 0 else None
+
+    ckpt = Checkpointer(
+        workdir / "checkpoints", save_every=int(rl.checkpoint_every), keep=int(rl.keep_checkpoints)
+    )
+    restored = ckpt.restore_latest(
+        abstract_train_state(optimizer, models.param_shapes(cfg), shardings)
+    )
+    if restored is None:
+        state = init_train_state(params, optimizer, config.seed, mesh=mesh, param_shardings=psh)
+        start = 0
+    else:
+        state, data_state, _ = restored
+        start = int(data_state["iteration"])
+    del params  # the state owns the policy from here on
+
+    eval_token = HIGH if algo == "rcgrpo" else None
+    writer = MetricsWriter(
+        workdir,
+        total_steps=int(rl.steps),
+        initial_step=start,
+        desc=algo,
+        bar_keys=("reward_mean", "degenerate_frac", "eval_success"),
+    )
+    rollout_log = open(workdir / "rollouts.jsonl", "a", buffering=1)  # noqa: SIM115
+    history = []
+    try:
+        for it in range(start, int(rl.steps)):
+            entries = prompts_for(train_pool, int(rl.num_prompts), config.seed, it)
+            tokens = reward_tokens_for(algo, rl, config.seed, it)
+            ro = collect(
+                cfg,
+                state.params,
+                tokenizer,
+                entries,
+                tokens,
+                settings,
+                seed=config.seed * 1_000_003 + it,
+                mesh=mesh,
+            )
+            batch = ro.batch()
+            if ref_params is not None:
+                batch["ref_logprobs"] = _ref_logprobs(cfg, ref_params, batch)
+            t0 = time.perf_counter()
+            step_metrics = []
+            for _ in range(int(rl.epochs)):
+                for mb in _minibatches(batch, int(rl.minibatches)):
+                    state, m = step_fn(state, mb)
+                    step_metrics.append(jax.device_get(m))
+            update_s = time.perf_counter() - t0
+            record = _iteration_record(step_metrics, ro, update_s)
+            rollout_log.write(json.dumps({
+                "iteration": it + 1, "entry_ids": [e.id for e in entries],
+                "reward_token": ro.reward_token.tolist(), "rewards": ro.rewards.tolist(),
+            }) + "\n")  # fmt: skip
+            if rl.eval_every and ((it + 1) % int(rl.eval_every) == 0 or it + 1 == int(rl.steps)):
+                record["eval_success"] = success_rate(
+                    config, (cfg, state.params), tokenizer, mesh, test_pool, eval_token
+                )
+            history.append(writer.write(it + 1, record))
+            ckpt.save(it + 1, state, {"iteration": it + 1})
+        ckpt.save(int(rl.steps), state, {"iteration": int(rl.steps)}, force=True)
+    finally:
+        ckpt.close()
+        writer.close()
+        rollout_log.close()
+
+    export = workdir / "export"
+    models.save_hf(export, cfg, state.params, tokenizer=tokenizer)
+    plots.plot_metrics({algo: workdir / "metrics.jsonl"}, DYNAMICS_KEYS, workdir / "dynamics.png")
+    summary = {
+        "stage": algo,
+        "iterations": int(rl.steps),
+        "export": str(export),
+        "final": history[-1] if history else {},
+    }
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def _iteration_record(step_metrics: list[dict], ro, update_s: float) -> dict[str, float]:
+    """Per-iteration metrics: group statistics from the rollouts themselves (recomputable from
+    rollouts.jsonl), loss-side values averaged over the iteration's updates."""
+    means = summarize({k: np.mean([float(m[k]) for m in step_metrics]) for k in step_metrics[0]})
+    rewards, rt = ro.rewards, ro.reward_token
+    with_token = lambda t: float(rewards[rt == t].mean()) if (rt == t).any() else float("nan")
+    total_s = ro.stats["rollout_s"] + update_s
+    return {
+        "loss": means["loss"],
+        "grad_norm": means["grad_norm"],
+        "entropy": means["entropy"],
+        "kl": means["kl"],
+        "clip_frac": means["clip_frac"],
+        "skipped": means["skipped"],
+        "reward_mean": float(rewards.mean()),
+        "reward_high": with_token(HIGH),
+        "reward_low": with_token(0),
+        "degenerate_frac": float(np.asarray(degenerate_groups(rewards)).mean()),
+        "abs_adv_mean": means["abs_adv_mean"],
+        "rollout_s": ro.stats["rollout_s"],
+        "update_s": update_s,
+        "sampled_tokens": ro.stats["sampled_tokens"],
+        "prefill_tokens": ro.stats["prefill_tokens"],
+        "tokens_per_s": ro.stats["trajectory_tokens"] / max(total_s, 1e-9),
+        "truncated": ro.stats["truncated"],
+        **({"lr": means["lr"]} if "lr" in means else {}),
+    }

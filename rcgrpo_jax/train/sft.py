@@ -1,0 +1,143 @@
+"""Stages `sft` and `rctp`: build the stage-1 dataset, fine-tune on assistant tokens, export.
+
+`rctp`: mixed-quality trajectories (ground truth, executed perturbations, policy rollouts), each
+labelled by the reward it actually received and prefixed by that label's reward token.
+`sft`: the same pipeline on label-1 trajectories only, with no token — the baseline.
+At the end the policy is exported as an HF directory (tokenizer and reward tokens included) and,
+for RCTP, its controllability is measured: held-out success under each reward token.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+
+from rcgrpo_jax import models, runtime
+from rcgrpo_jax.data import store
+from rcgrpo_jax.data.loader import train_loader
+from rcgrpo_jax.data.trajectories import build_rctp_dataset, format_counts
+from rcgrpo_jax.eval import success_rate
+from rcgrpo_jax.rl.advantages import HIGH, LOW
+from rcgrpo_jax.train.checkpoint import Checkpointer
+from rcgrpo_jax.train.loop import restore_or_init, train_loop
+from rcgrpo_jax.train.losses import make_sft_loss
+from rcgrpo_jax.train.metrics import MetricsWriter, flops_per_token
+from rcgrpo_jax.train.optim import OptimConfig, make_optimizer, make_schedule
+from rcgrpo_jax.train.state import (
+    abstract_train_state,
+    init_train_state,
+    make_train_step,
+    state_shardings,
+)
+
+
+def _optim_config(train: ml_collections.ConfigDict) -> OptimConfig:
+    d = train.optim.to_dict()
+    if not d.get("total_steps"):
+        d["total_steps"] = int(train.steps)
+    return OptimConfig.from_dict(d)
+
+
+def dataset(config, tokenizer, workdir: Path, rctp: bool) -> tuple[str, dict[str, Any]]:
+    """The stage-1 dataset: built once per workdir, reused on resume (same seed, same data)."""
+    out = workdir / "data"
+    report_path = workdir / "data_report.json"
+    if report_path.exists():
+        report = json.loads(report_path.read_text())
+        if rctp:
+            from rcgrpo_jax.envs import prompts
+
+            prompts.add_reward_tokens(tokenizer)
+        return report["dataset_dir"], report
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.rctp.enabled = rctp
+    entries = runtime.task_entries(config, "train")
+    report = build_rctp_dataset(c, tokenizer, entries, out, policy=None, overwrite=True)
+    report_path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    for name in report["splits"]:
+        print(format_counts(report["splits"][name], f"stage-1 data ({name})"))
+    return report["dataset_dir"], report
+
+
+def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    stage = config.stage
+    if stage not in ("sft", "rctp"):
+        raise runtime.UserError(f"train.sft runs stages sft/rctp, not {stage!r}")
+    rctp = stage == "rctp"
+    workdir = Path(config.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    mesh = runtime.mesh_from_config(config)
+    tokenizer = runtime.tokenizer_from_config(config)
+    dataset_dir, report = dataset(config, tokenizer, workdir, rctp)
+    cfg, params = runtime.model_from_config(config, mesh)
+    if rctp:
+        cfg, params, _ = runtime.ensure_reward_tokens(cfg, params, tokenizer, mesh)
+    elif len(tokenizer) > cfg.vocab_size:
+        raise runtime.UserError(
+            f"tokenizer has {len(tokenizer)} tokens > model vocab {cfg.vocab_size}"
+        )
+
+    train = config.train
+    optim_cfg = _optim_config(train)
+    optimizer = make_optimizer(optim_cfg)
+    psh = models.param_shardings(cfg, mesh)
+    shardings = state_shardings(optimizer, psh, mesh, params)
+    step_fn = make_train_step(
+        make_sft_loss(cfg), optimizer, mesh=mesh, shardings=shardings,
+        grad_accum=optim_cfg.grad_accum, schedule=make_schedule(optim_cfg),
+    )  # fmt: skip
+    source = store.load_split(dataset_dir, "train")
+    loader = train_loader(
+        source, batch_size=int(train.batch_size) // jax.process_count(),
+        row_len=int(train.seq_len), seed=int(config.seed),
+        shard_index=jax.process_index(), shard_count=jax.process_count(),
+    )  # fmt: skip
+    data_iter = iter(loader)
+    ckpt = Checkpointer(
+        workdir / "checkpoints",
+        save_every=int(train.checkpoint_every),
+        keep=int(train.keep_checkpoints),
+    )
+    target = abstract_train_state(optimizer, models.param_shapes(cfg), shardings)
+    state = restore_or_init(
+        ckpt, target,
+        lambda: init_train_state(params, optimizer, config.seed, mesh=mesh, param_shardings=psh),
+        data_iter,
+    )  # fmt: skip
+    with MetricsWriter(
+        workdir,
+        total_steps=int(train.steps),
+        initial_step=int(state.step),
+        desc=stage,
+        bar_keys=("loss", "grad_norm", "tokens_per_s"),
+    ) as writer:
+        state, history = train_loop(
+            step_fn, state, data_iter, int(train.steps), checkpointer=ckpt, writer=writer,
+            flops_per_token=flops_per_token(cfg, int(train.seq_len)),
+            peak_flops=float(train.peak_flops) or None,
+        )  # fmt: skip
+    ckpt.close()
+
+    export = workdir / "export"
+    models.save_hf(export, cfg, state.params, tokenizer=tokenizer)
+    summary: dict[str, Any] = {
+        "stage": stage, "steps": int(train.steps), "export": str(export),
+        "data": report["splits"], "final_loss": history[-1]["loss"] if history else None,
+        "skipped_updates": int(state.skipped),
+    }  # fmt: skip
+    n_eval = int(config.rctp.eval_entries)
+    if n_eval:
+        heldout = runtime.task_entries(config, "test")[:n_eval]
+        model = (cfg, state.params)
+        tokens = {"high": HIGH, "low": LOW} if rctp else {"none": None}
+        summary["heldout_success"] = {
+            name: success_rate(config, model, tokenizer, mesh, heldout, tok)
+            for name, tok in tokens.items()
+        }
+        print(f"{stage}: held-out success {summary['heldout_success']} on {len(heldout)} entries")
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    return summary
