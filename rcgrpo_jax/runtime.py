@@ -74,6 +74,12 @@ def tokenizer_from_config(config: ml_collections.ConfigDict, model_path: str = "
     from transformers import AutoTokenizer
 
     path = config.tokenizer_path or model_path or config.model.hf_path
+    if not path and config.env.benchmark == "synthetic":
+        from rcgrpo_jax.envs import tiny_tokenizer
+
+        tasks = task_entries(config, "train")
+        vocab = int(config.model.arch.vocab_size)
+        return tiny_tokenizer.load_or_train(Path(config.workdir), tasks, vocab_size=vocab)
     if not path:
         raise UserError("no tokenizer: set tokenizer_path or model.hf_path")
     if not Path(path).is_dir():

@@ -1,0 +1,139 @@
+"""Stage `all`: the paper's comparison end to end, every arm through the same code.
+
+    base (untrained / as loaded)
+    SFT  ─▶ GRPO                      (the baseline that stalls: peaked policy, σ_g → 0)
+    RCTP ─▶ RC-GRPO                   (the method)
+    RCTP ─▶ GRPO                      (ablation: RCTP init without reward-conditioned sampling)
+
+Each stage runs in its own sub-directory of the workdir (`sft/`, `rctp/`, `sft_grpo/`, ...) and
+is resumable on its own; a finished stage (its `summary.json` exists) is not run again. Every RL
+arm gets the same number of iterations, prompts and rollouts. Results: `summary.json`, a printed
+table, and `dynamics.png` (reward, degenerate-group fraction, entropy per RL iteration, one line
+per arm).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from rcgrpo_jax import runtime
+from rcgrpo_jax.train import plots
+from rcgrpo_jax.train.metrics import read_jsonl
+
+RL_ARMS = (  # (name, stage-1 run, RL algorithm)
+    ("sft_grpo", "sft", "grpo"),
+    ("rctp_rcgrpo", "rctp", "rcgrpo"),
+    ("rctp_grpo", "rctp", "grpo"),
+)
+DYNAMICS = ("reward_mean", "degenerate_frac", "entropy")
+
+
+def _sub(config: ml_collections.ConfigDict, stage: str, name: str, **rl: Any):
+    """The config of one stage; RL arms read the tokenizer saved with their stage-1 export."""
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.stage = stage
+    c.workdir = str(Path(config.workdir) / name)
+    if rl.get("init_from"):
+        c.tokenizer_path = ""
+    for k, v in rl.items():
+        c.rl[k] = v
+    return c
+
+
+def _run_once(c: ml_collections.ConfigDict, fn) -> dict[str, Any]:
+    done = Path(c.workdir) / "summary.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    return fn(c)
+
+
+def _base_success(config: ml_collections.ConfigDict) -> float:
+    """Held-out success of the initial model (no training)."""
+    from rcgrpo_jax.eval import success_rate
+
+    c = _sub(config, "eval", "base")
+    done = Path(c.workdir) / "summary.json"
+    if done.exists():
+        return json.loads(done.read_text())["heldout_success"]
+    Path(c.workdir).mkdir(parents=True, exist_ok=True)
+    mesh = runtime.mesh_from_config(c)
+    tokenizer = runtime.tokenizer_from_config(c)
+    model = runtime.model_from_config(c, mesh)
+    entries = runtime.task_entries(c, "test")[: int(c.eval.max_entries) or None]
+    rate = success_rate(c, model, tokenizer, mesh, entries, None)
+    done.write_text(json.dumps({"heldout_success": rate}) + "\n")
+    return rate
+
+
+def _rl_stats(workdir: Path) -> dict[str, float]:
+    """Over the RL run: mean degenerate-group fraction and entropy, last held-out success."""
+    rows = read_jsonl(workdir / "metrics.jsonl")
+    evals = [r["eval_success"] for r in rows if r.get("eval_success") is not None]
+    mean = lambda k: float(np.mean([r[k] for r in rows if r.get(k) is not None]))
+    return {
+        "heldout_success": evals[-1] if evals else float("nan"),
+        "degenerate_frac": mean("degenerate_frac"),
+        "entropy": mean("entropy"),
+        "reward_mean": mean("reward_mean"),
+    }
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    pct = lambda x: "   -  " if x is None or x != x else f"{100 * x:6.1f}"
+    lines = [
+        f"{'arm':<16}{'held-out %':>11}{'high-tok %':>11}{'low-tok %':>10}"
+        f"{'degenerate':>11}{'entropy':>9}",
+    ]
+    for name, row in summary["arms"].items():
+        ent = row.get("entropy")
+        lines.append(
+            f"{name:<16}{pct(row.get('heldout_success')):>11}{pct(row.get('success_high')):>11}"
+            f"{pct(row.get('success_low')):>10}{pct(row.get('degenerate_frac')):>11}"
+            f"{'   -' if ent is None else f'{ent:9.3f}':>9}"
+        )
+    return "\n".join(lines)
+
+
+def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    from rcgrpo_jax.rl import loop as rl_loop
+    from rcgrpo_jax.train import sft
+
+    workdir = Path(config.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if not config.tokenizer_path and not config.model.hf_path:  # one tokenizer for every stage
+        config = ml_collections.ConfigDict(config.to_dict())
+        runtime.tokenizer_from_config(config)
+        config.tokenizer_path = str(workdir / "tokenizer")
+    arms: dict[str, dict[str, Any]] = {"base": {"heldout_success": _base_success(config)}}
+    for stage in ("sft", "rctp"):
+        s = _run_once(_sub(config, stage, stage), sft.run)
+        got = s.get("heldout_success", {})
+        arms[stage] = {
+            "heldout_success": got.get("none", got.get("high")),
+            "success_high": got.get("high"),
+            "success_low": got.get("low"),
+        }
+    for name, init, algo in RL_ARMS:
+        init_from = str(workdir / init / "export")
+        c = _sub(config, algo, name, init_from=init_from)
+        _run_once(c, rl_loop.run)
+        arms[name] = _rl_stats(Path(c.workdir))
+
+    runs = {name: workdir / name / "metrics.jsonl" for name, _, _ in RL_ARMS}
+    plots.plot_metrics(runs, DYNAMICS, workdir / "dynamics.png")
+    summary = {
+        "arms": arms,
+        "rl_iterations": int(config.rl.steps),
+        "rollouts_per_iteration": int(config.rl.num_prompts) * int(config.rl.group_size),
+    }
+    table = format_table(summary)
+    summary["table"] = table
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (workdir / "table.txt").write_text(table + "\n")
+    print(table)
+    return summary
