@@ -74,10 +74,8 @@ def test_empty_policy_scores_zero_with_empty_turn_errors(tmp_path):
 
 
 def test_config_errors_are_user_errors(tmp_path):
-    with pytest.raises(NotImplementedError, match="generate_fn"):
-        eval_stage.run(make_config(tmp_path, policy="model"))
-    with pytest.raises(UserError):
-        eval_stage.run(make_config(tmp_path, policy="model"))
+    with pytest.raises(UserError, match="generate_fn"):  # the re-prompting plug needs both
+        eval_stage.make_policy("model", None, None)
     with pytest.raises(UserError, match="policy"):
         eval_stage.run(make_config(tmp_path, policy="oracle"))
     with pytest.raises(UserError, match="split"):

@@ -19,7 +19,7 @@ import ml_collections
 from rcgrpo_jax import models, runtime
 from rcgrpo_jax.data import store
 from rcgrpo_jax.data.loader import train_loader
-from rcgrpo_jax.data.trajectories import build_rctp_dataset, format_counts
+from rcgrpo_jax.data.trajectories import build_rctp_dataset
 from rcgrpo_jax.eval import success_rate
 from rcgrpo_jax.rl.advantages import HIGH, LOW
 from rcgrpo_jax.train.checkpoint import Checkpointer
@@ -58,8 +58,6 @@ def dataset(config, tokenizer, workdir: Path, rctp: bool) -> tuple[str, dict[str
     entries = runtime.task_entries(config, "train")
     report = build_rctp_dataset(c, tokenizer, entries, out, policy=None, overwrite=True)
     report_path.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    for name in report["splits"]:
-        print(format_counts(report["splits"][name], f"stage-1 data ({name})"))
     return report["dataset_dir"], report
 
 
