@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -181,3 +182,19 @@ def test_capacity_and_input_errors(loaded):
     sess2.finish([1])
     with pytest.raises(ValueError, match="finished"):
         sess2.append({1: [3]})
+
+
+def test_state_shapes_describe_the_real_state(loaded):
+    """`state_shapes` / `state_logical_axes` (for memory planning) match a live session's state."""
+    cfg, params = loaded["qwen2"]
+    sess = sampling.Session(cfg, params, buckets=BUCKETS)
+    sess.start(_prompts(cfg.vocab_size))
+    real = sess.state
+    abstract = sampling.state_shapes(cfg, real.batch, real.capacity)
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), abstract) == jax.tree.map(
+        lambda x: (x.shape, x.dtype), real
+    )
+    axes = sampling.state_logical_axes(cfg)
+    is_axes = lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+    flat_axes = jax.tree.leaves(axes, is_leaf=is_axes)
+    assert [len(a) for a in flat_axes] == [x.ndim for x in jax.tree.leaves(real)]

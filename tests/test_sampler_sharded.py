@@ -46,5 +46,6 @@ def test_sharded_session_keeps_cache_sharded(pair):
         turns.append((a.tokens, b.tokens))
     assert turns[0] == turns[1]
     assert sess.mesh is not None
-    spec = sess.state.cache.k.sharding.spec
-    assert tuple(spec)[:4] == (None, ("data", "fsdp"), None, "tensor"), spec
+    for buf in sess.state.cache.k + sess.state.cache.v:  # [B, KV, S, D] per layer
+        spec = buf.sharding.spec
+        assert tuple(spec)[:2] == (("data", "fsdp"), "tensor"), spec

@@ -5,7 +5,13 @@ turns for multi-turn rollouts (see `session` for the driving loop); `core` holds
 programs over the `RolloutState` pytree.
 """
 
-from rcgrpo_jax.sampling.core import RolloutState, SampleMode, compile_count
+from rcgrpo_jax.sampling.core import (
+    RolloutState,
+    SampleMode,
+    compile_count,
+    state_logical_axes,
+    state_shapes,
+)
 from rcgrpo_jax.sampling.session import (
     Buckets,
     CapacityError,
@@ -26,5 +32,7 @@ __all__ = [
     "Trajectory",
     "TurnOutput",
     "compile_count",
+    "state_logical_axes",
+    "state_shapes",
     "generate",
 ]

@@ -1,5 +1,7 @@
 """Device side of the sampler: a rollout-state pytree and the pure jitted programs that act on it.
 
+The model runs through `forward.apply_cached` (per-layer cache buffers, see there).
+
 Cache layout ("compact rows"): row b holds its real tokens at slots [0, end[b]) with no gaps, so a
 token's position equals its slot. Chunks are right-padded and written at `end`; afterwards `end`
 advances by the row's real length only, so padding slots sit beyond `end` and are overwritten by
@@ -23,8 +25,9 @@ import jax.numpy as jnp
 
 from rcgrpo_jax import models
 from rcgrpo_jax.models.config import ModelConfig
-from rcgrpo_jax.models.decoder import CACHE_AXES, KVCache
 from rcgrpo_jax.models.sharding import constrain
+from rcgrpo_jax.sampling import forward
+from rcgrpo_jax.sampling.forward import Cache
 
 _TRACES: collections.Counter[str] = collections.Counter()
 
@@ -47,7 +50,7 @@ class RolloutState:
     samples independent of batch composition, compaction and sharding.
     """
 
-    cache: KVCache
+    cache: Cache
     logits: jax.Array  # [B, V] float32
     traj: jax.Array  # [B] int32 trajectory id; -1 = empty slot
     n_sampled: jax.Array  # [B] int32 tokens sampled so far by this trajectory
@@ -79,18 +82,29 @@ class DecodeOut(NamedTuple):
 
 
 def _constrain_state(state: RolloutState) -> RolloutState:
-    c = state.cache
-    cache = KVCache(
-        k=constrain(c.k, CACHE_AXES),
-        v=constrain(c.v, CACHE_AXES),
-        segments=constrain(c.segments, ("cache_batch", "cache_len")),
-        end=constrain(c.end, ("cache_batch",)),
-    )
     return RolloutState(
-        cache=cache,
+        cache=forward.constrain_cache(state.cache),
         logits=constrain(state.logits, ("cache_batch", None)),
         traj=constrain(state.traj, ("cache_batch",)),
         n_sampled=constrain(state.n_sampled, ("cache_batch",)),
+    )
+
+
+def state_logical_axes(cfg: ModelConfig) -> RolloutState:
+    """Logical axes of every leaf of a `RolloutState` (for shardings and memory planning)."""
+    kv = (forward.KV_AXES,) * cfg.num_layers
+    return RolloutState(
+        cache=Cache(k=kv, v=kv, segments=("cache_batch", "cache_len"), end=("cache_batch",)),
+        logits=("cache_batch", None),
+        traj=("cache_batch",),
+        n_sampled=("cache_batch",),
+    )
+
+
+def state_shapes(cfg: ModelConfig, batch: int, capacity: int) -> RolloutState:
+    """The state as ShapeDtypeStructs (no memory allocated)."""
+    return jax.eval_shape(
+        lambda: init_state.__wrapped__(cfg, capacity, jnp.zeros((batch,), jnp.int32))
     )
 
 
@@ -101,7 +115,7 @@ def init_state(cfg: ModelConfig, capacity: int, traj: jax.Array) -> RolloutState
     batch = traj.shape[0]
     return _constrain_state(
         RolloutState(
-            cache=models.init_cache(cfg, batch, capacity),
+            cache=forward.init_cache(cfg, batch, capacity),
             logits=jnp.zeros((batch, cfg.vocab_size), jnp.float32),
             traj=traj.astype(jnp.int32),
             n_sampled=jnp.zeros((batch,), jnp.int32),
@@ -124,8 +138,9 @@ def prefill(
     steps = jnp.arange(t, dtype=jnp.int32)[None, :]
     positions = end[:, None] + steps
     segments = (steps < lens[:, None]).astype(jnp.int32)
-    logits, cache = models.apply(
-        cfg, params, tokens, positions, segments, state.cache, jnp.maximum(lens - 1, 0)
+    weights = forward.split_layers(cfg, params)
+    logits, cache = forward.apply_cached(
+        cfg, weights, tokens, positions, segments, state.cache, jnp.maximum(lens - 1, 0)
     )
     cache = cache.replace(end=end + lens)
     logits = jnp.where(lens[:, None] > 0, logits[:, 0], state.logits)
@@ -202,6 +217,7 @@ def decode(
     sampled token is fed through the model, so the state is ready for an append or more decoding.
     """
     _traced("decode")
+    weights = forward.split_layers(cfg, params)  # once per call, outside the loop
     b = state.batch
     done0 = budget <= 0
     init = (
@@ -229,8 +245,8 @@ def decode(
         hit = live & jnp.any(tok[:, None] == stop_ids, axis=-1)
         seg = live.astype(jnp.int32)
         end = st.cache.end
-        logits, cache = models.apply(
-            cfg, params, tok[:, None], end[:, None], seg[:, None], st.cache
+        logits, cache = forward.apply_cached(
+            cfg, weights, tok[:, None], end[:, None], seg[:, None], st.cache
         )
         st = RolloutState(
             cache=cache.replace(end=end + seg),
@@ -246,28 +262,23 @@ def decode(
 
 
 def _take_rows(state: RolloutState, idx: jax.Array) -> RolloutState:
-    """Rows `idx` of the state; an index past the end gives an empty slot."""
+    """Rows `idx` of the state; an index past the end gives an empty row."""
 
-    def take(x: jax.Array, axis: int, fill) -> jax.Array:
-        return jnp.take(x, idx, axis=axis, mode="fill", fill_value=fill)
+    def take(x: jax.Array, fill=0) -> jax.Array:
+        return jnp.take(x, idx, axis=0, mode="fill", fill_value=fill)
 
-    c = state.cache
     return RolloutState(
-        cache=KVCache(
-            k=take(c.k, 1, 0),
-            v=take(c.v, 1, 0),
-            segments=take(c.segments, 0, 0),
-            end=take(c.end, 0, 0),
-        ),
-        logits=take(state.logits, 0, 0),
-        traj=take(state.traj, 0, -1),
-        n_sampled=take(state.n_sampled, 0, 0),
+        cache=jax.tree.map(take, state.cache),
+        logits=take(state.logits),
+        traj=take(state.traj, -1),
+        n_sampled=take(state.n_sampled),
     )
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def gather_rows(cfg: ModelConfig, state: RolloutState, idx: jax.Array) -> RolloutState:
-    """A smaller state made of rows `idx` [B'] (indices >= B give empty rows)."""
+    """A state made of rows `idx` [B'] (indices >= B give empty rows): sub-batches and
+    compaction after rows finish."""
     del cfg  # only keys the compile cache per model
     _traced("gather_rows")
     return _constrain_state(_take_rows(state, idx))
@@ -280,39 +291,21 @@ def scatter_rows(
     """Writes the rows of `sub` back to rows `idx` of `state` (indices >= B are dropped)."""
     del cfg
     _traced("scatter_rows")
-
-    def put(x: jax.Array, y: jax.Array, axis: int) -> jax.Array:
-        if axis == 0:
-            return x.at[idx].set(y, mode="drop")
-        return x.at[:, idx].set(y, mode="drop")
-
-    c, s = state.cache, sub.cache
-    return _constrain_state(
-        RolloutState(
-            cache=KVCache(
-                k=put(c.k, s.k, 1),
-                v=put(c.v, s.v, 1),
-                segments=put(c.segments, s.segments, 0),
-                end=put(c.end, s.end, 0),
-            ),
-            logits=put(state.logits, sub.logits, 0),
-            traj=put(state.traj, sub.traj, 0),
-            n_sampled=put(state.n_sampled, sub.n_sampled, 0),
-        )
-    )
+    put = lambda x, y: x.at[idx].set(y, mode="drop")
+    return _constrain_state(jax.tree.map(put, state, sub))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2), donate_argnums=1)
+@functools.partial(jax.jit, static_argnums=(0, 2))  # no donation: the output is larger
 def grow(cfg: ModelConfig, state: RolloutState, capacity: int) -> RolloutState:
     """The same state with a longer cache (new slots empty)."""
     del cfg
     _traced("grow")
     c = state.cache
     extra = capacity - c.capacity
-    pad_kv = ((0, 0), (0, 0), (0, extra), (0, 0), (0, 0))
-    cache = KVCache(
-        k=jnp.pad(c.k, pad_kv),
-        v=jnp.pad(c.v, pad_kv),
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))
+    cache = Cache(
+        k=tuple(map(pad, c.k)),
+        v=tuple(map(pad, c.v)),
         segments=jnp.pad(c.segments, ((0, 0), (0, extra))),
         end=c.end,
     )

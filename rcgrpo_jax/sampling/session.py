@@ -48,9 +48,11 @@ class Buckets:
 
     batch_min: int = 4  # raised to the data*fsdp mesh size when sharded
     chunk_min: int = 16  # prefill chunk length: power of two in [chunk_min, chunk_max]
-    chunk_max: int = 512  # longer appends are prefilled in several chunks
-    cache_min: int = 64  # cache length: power of two >= cache_min, then multiples of cache_pow2_max
-    cache_pow2_max: int = 2048
+    # Longer appends are prefilled in several chunks: bounds the [B, H, T, S] attention scores
+    # a chunk materialises, and the padding of ragged rows.
+    chunk_max: int = 128
+    cache_min: int = 64  # cache length: 2^k or 1.5 * 2^k (<= 1/3 unused) up to cache_geom_max,
+    cache_geom_max: int = 4096  # then multiples of cache_geom_max
     decode_steps: int = 64  # most tokens per jitted decode call (the loop exits when rows stop)
     stops_min: int = 4  # stop-set width: power of two >= stops_min
 
@@ -305,8 +307,13 @@ class Session:
         return min(_pow2(n, self.buckets.chunk_min), self.buckets.chunk_max)
 
     def _cache_bucket(self, n: int) -> int:
-        top = self.buckets.cache_pow2_max
-        size = _pow2(n, self.buckets.cache_min) if n <= top else -(-n // top) * top
+        top = self.buckets.cache_geom_max
+        if n > top:
+            size = -(-n // top) * top
+        else:
+            size = _pow2(n, self.buckets.cache_min)
+            if size >= 2 * self.buckets.cache_min and n <= size * 3 // 4:
+                size = size * 3 // 4
         if self.max_len is not None:
             if n > self.max_len:
                 raise CapacityError(
