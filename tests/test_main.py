@@ -29,8 +29,8 @@ def run_main(*args: str) -> subprocess.CompletedProcess:
     "args,expected",
     [
         (
-            ["--config=configs/tiny.py", "--config.train.lr=1e-6"],
-            "error: unknown config key 'train' in --config.train.lr=1e-6",
+            ["--config=configs/tiny.py", "--config.trian.lr=1e-6"],
+            "error: unknown config key 'trian' in --config.trian.lr=1e-6",
         ),
         (
             ["--config=configs/tiny.py", "--config.model.archx=1"],
