@@ -180,27 +180,17 @@ def abstract_rl_batch(mesh, shape: Shape, with_ref: bool) -> dict[str, Any]:
 
 def abstract_rollout_state(cfg, mesh, batch: int, capacity: int):
     """A `sampling.core.RolloutState` of ShapeDtypeStructs laid out as `_constrain_state` does."""
-    import jax.numpy as jnp
+    import jax
 
-    from rcgrpo_jax.models.decoder import CACHE_AXES, KVCache
     from rcgrpo_jax.models.sharding import named_sharding
-    from rcgrpo_jax.sampling.core import RolloutState
+    from rcgrpo_jax.sampling import core
 
-    def sds(shp, dtype, axes):
-        return _sds(shp, dtype, named_sharding(mesh, axes, shp))
-
-    kv = (cfg.num_layers, batch, capacity, cfg.num_kv_heads, cfg.head_dim)
-    cache = KVCache(
-        k=sds(kv, cfg.compute_dtype, CACHE_AXES),
-        v=sds(kv, cfg.compute_dtype, CACHE_AXES),
-        segments=sds((batch, capacity), jnp.int32, ("cache_batch", "cache_len")),
-        end=sds((batch,), jnp.int32, ("cache_batch",)),
-    )
-    return RolloutState(
-        cache=cache,
-        logits=sds((batch, cfg.vocab_size), jnp.float32, ("cache_batch", None)),
-        traj=sds((batch,), jnp.int32, ("cache_batch",)),
-        n_sampled=sds((batch,), jnp.int32, ("cache_batch",)),
+    is_axes = lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+    return jax.tree.map(
+        lambda axes, s: _sds(s.shape, s.dtype, named_sharding(mesh, axes, s.shape)),
+        core.state_logical_axes(cfg),
+        core.state_shapes(cfg, batch, capacity),
+        is_leaf=is_axes,
     )
 
 
