@@ -42,7 +42,30 @@ def _optim_config(train: ml_collections.ConfigDict) -> OptimConfig:
     return OptimConfig.from_dict(d)
 
 
-def dataset(config, tokenizer, workdir: Path, rctp: bool) -> tuple[str, dict[str, Any]]:
+def rollout_policy(config, model, tokenizer, mesh):
+    """The initial policy, sampled at temperature `rl.temperature`: the source of RCTP's own
+    low-quality trajectories (labelled by the reward they get, like every other source)."""
+    import itertools
+
+    from rcgrpo_jax import sampling
+    from rcgrpo_jax.envs import bfcl
+    from rcgrpo_jax.rl.rollout import stop_ids
+
+    cfg, params = model
+    stops, calls = stop_ids(tokenizer), itertools.count()
+
+    def generate(batch: list[list[int]]) -> list[list[int]]:
+        out = sampling.generate(
+            cfg, params, batch, int(config.rl.max_new_tokens),
+            temperature=float(config.rl.temperature), stop_token_ids=stops,
+            seed=int(config.seed) * 7919 + next(calls), mesh=mesh,
+        )  # fmt: skip
+        return out.tokens
+
+    return bfcl.model_policy(generate, tokenizer, int(config.rctp.rollout_batch))
+
+
+def dataset(config, tokenizer, workdir: Path, rctp: bool, policy=None) -> tuple[str, dict]:
     """The stage-1 dataset: built once per workdir, reused on resume (same seed, same data)."""
     out = workdir / "data"
     report_path = workdir / "data_report.json"
@@ -56,7 +79,7 @@ def dataset(config, tokenizer, workdir: Path, rctp: bool) -> tuple[str, dict[str
     c = ml_collections.ConfigDict(config.to_dict())
     c.rctp.enabled = rctp
     entries = runtime.task_entries(config, "train")
-    report = build_rctp_dataset(c, tokenizer, entries, out, policy=None, overwrite=True)
+    report = build_rctp_dataset(c, tokenizer, entries, out, policy=policy, overwrite=True)
     report_path.write_text(json.dumps(report, indent=1, default=str) + "\n")
     return report["dataset_dir"], report
 
@@ -70,8 +93,11 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     mesh = runtime.mesh_from_config(config)
     tokenizer = runtime.tokenizer_from_config(config)
-    dataset_dir, report = dataset(config, tokenizer, workdir, rctp)
     cfg, params = runtime.model_from_config(config, mesh)
+    policy = None
+    if rctp and int(config.rctp.rollouts_per_entry) > 0:
+        policy = rollout_policy(config, (cfg, params), tokenizer, mesh)
+    dataset_dir, report = dataset(config, tokenizer, workdir, rctp, policy)
     if rctp:
         cfg, params, _ = runtime.ensure_reward_tokens(cfg, params, tokenizer, mesh)
     elif len(tokenizer) > cfg.vocab_size:
