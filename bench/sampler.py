@@ -7,7 +7,9 @@
     session keeps each cache and prefills only the new tokens; the transformers loop re-prefills
     the whole history every turn (what a generate-per-turn rollout does).
 Our compile time is excluded: every shape is run once before timing (warm-up), and the number of
-programs compiled is printed. Times are the best of `--repeats` runs. CPU only.
+programs compiled is printed. Times are the best of `--repeats` runs ((a)) and of
+`--rollout-repeats` runs ((b)). transformers runs with 1 torch thread by default (its fastest
+setting on a shared 2-core box). CPU only; ~2.5 min on 2 cores.
 """
 
 from __future__ import annotations
@@ -144,7 +146,8 @@ def hf_rollout(model, plan):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2, help="timed runs of (a); best is kept")
+    ap.add_argument("--rollout-repeats", type=int, default=1, help="timed runs of (b)")
     ap.add_argument("--new", type=int, default=64, help="new tokens per row in (a)")
     ap.add_argument(
         "--torch-threads",
@@ -192,8 +195,9 @@ def main() -> None:
     compiles = sampling.compile_count()
     ours_rollout(cfg, params, plan)  # warm-up
     compiles = sampling.compile_count() - compiles
-    t_ours, (gen_o, pre_o) = best_time(lambda: ours_rollout(cfg, params, plan), args.repeats)
-    t_hf, (gen_h, pre_h) = best_time(lambda: hf_rollout(model, plan), args.repeats)
+    reps = args.rollout_repeats
+    t_ours, (gen_o, pre_o) = best_time(lambda: ours_rollout(cfg, params, plan), reps)
+    t_hf, (gen_h, pre_h) = best_time(lambda: hf_rollout(model, plan), reps)
     rows.append(
         (
             "(b) 3-turn rollout, 64 traj., T=1",
