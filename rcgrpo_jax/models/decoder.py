@@ -269,17 +269,6 @@ class Decoder(nn.Module):
         if logits_at is not None:
             x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)
         x = RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype, name="final_norm")(x)
-        if return_hidden:
-            if not cfg.tie_embeddings:  # declare the head so init creates it
-                _param(
-                    self,
-                    "lm_head",
-                    nn.initializers.normal(0.02),
-                    (cfg.hidden_size, cfg.vocab_size),
-                    ("embed", "vocab"),
-                    cfg.weight_dtype,
-                )
-            return x, cache
         if cfg.tie_embeddings:
             head = embedding.T
         else:
@@ -291,6 +280,8 @@ class Decoder(nn.Module):
                 ("embed", "vocab"),
                 cfg.weight_dtype,
             )
+        if return_hidden:  # the caller applies the head (in chunks)
+            return x, cache
         logits = jnp.einsum(
             "bte,ev->btv", x, head.astype(cfg.compute_dtype), preferred_element_type=jnp.float32
         )
