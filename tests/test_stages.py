@@ -1,14 +1,17 @@
 """The stages end to end on a shrunken configs/tiny.py: sft, rctp, grpo, rcgrpo, eval and `all`.
 
-One `all` run (module fixture) produces every stage's outputs; the tests check they exist and
-agree with each other, then resume an RL arm to check it continues exactly.
+One `all` run of the command line (module fixture) produces every stage's outputs; the tests
+check they exist and agree with each other, then resume an RL arm to check it continues exactly.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -16,42 +19,56 @@ import pytest
 from conftest import REPO
 
 from rcgrpo_jax import experiment, models
-from rcgrpo_jax.rl import loop as rl_loop
 from rcgrpo_jax.train.metrics import read_jsonl
 
+# configs/tiny.py shrunk to seconds per stage; run through the real command line, on 2 devices.
+OVERRIDES = {
+    "mesh.shape": "(2,1,1)",
+    "env.synthetic.num_train": 160,
+    "env.synthetic.num_test": 4,
+    "model.arch.hidden_size": 64,
+    "model.arch.intermediate_size": 128,
+    "model.arch.num_layers": 2,
+    "model.arch.head_dim": 16,
+    "train.steps": 4,
+    "train.batch_size": 4,
+    "train.checkpoint_every": 2,
+    "rctp.eval_entries": 4,
+    "rl.steps": 2,
+    "rl.num_prompts": 2,
+    "rl.group_size": 2,
+    "rl.max_new_tokens": 16,
+    "rl.eval_every": 2,
+    "rl.checkpoint_every": 1,
+    "eval.max_new_tokens": 16,
+    "eval.max_entries": 4,
+}
 
-def tiny_config(workdir):
-    spec = importlib.util.spec_from_file_location("tiny", REPO / "configs" / "tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
-    c.workdir = str(workdir)
-    c.mesh.shape = (2, 1, 1)
-    c.env.synthetic.num_train = 160
-    c.env.synthetic.num_test = 4
-    c.model.arch.hidden_size = 64
-    c.model.arch.intermediate_size = 128
-    c.model.arch.num_layers = 2
-    c.model.arch.head_dim = 16
-    c.train.steps = 4
-    c.train.batch_size = 4
-    c.train.checkpoint_every = 2
-    c.rctp.eval_entries = 4
-    c.rl.steps = 2
-    c.rl.num_prompts = 2
-    c.rl.group_size = 2
-    c.rl.max_new_tokens = 16
-    c.rl.eval_every = 2
-    c.rl.checkpoint_every = 1
-    c.eval.max_new_tokens = 16
-    c.eval.max_entries = 4
-    return c
+
+def main(workdir, **extra) -> None:
+    args = [f"--config.{k}={v}" for k, v in {**OVERRIDES, **extra}.items()]
+    env = dict(
+        os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="--xla_force_host_platform_device_count=2"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "rcgrpo_jax.main", "--config=configs/tiny.py",
+         f"--config.workdir={workdir}", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
 def run_all(tmp_path_factory):
-    config = tiny_config(tmp_path_factory.mktemp("all"))
-    return config, experiment.run(config)
+    workdir = tmp_path_factory.mktemp("all")
+    main(workdir)
+    return SimpleNamespace(
+        workdir=str(workdir),
+        train=SimpleNamespace(steps=OVERRIDES["train.steps"]),
+        rl=SimpleNamespace(
+            num_prompts=OVERRIDES["rl.num_prompts"], group_size=OVERRIDES["rl.group_size"]
+        ),
+    ), None
 
 
 def test_stage1_outputs(run_all):
@@ -112,9 +129,10 @@ def test_rl_resume_is_exact(run_all, tmp_path):
     init = str(root / "rctp" / "export")
 
     def arm(workdir, steps):
-        c = experiment._sub(config, "rcgrpo", "x", init_from=init, steps=steps, eval_every=0)
-        c.workdir = str(workdir)
-        return rl_loop.run(c)
+        main(
+            workdir,
+            **{"stage": "rcgrpo", "rl.init_from": init, "rl.steps": steps, "rl.eval_every": 0},
+        )
 
     arm(tmp_path / "once", 2)
     arm(tmp_path / "resumed", 1)
