@@ -56,6 +56,17 @@ def base_config() -> ml_collections.ConfigDict:
     c.env.categories = BFCL_CATEGORIES  # BFCL categories used for training (bfcl benchmark)
     c.env.max_steps_per_turn = 20  # BFCL's MAXIMUM_STEP_LIMIT
     c.env.synthetic = ml_collections.ConfigDict({"num_train": 512, "num_test": 64, "seed": 0})
+    # Task difficulty (envs.synthetic.Difficulty): (min, max) user turns, folder depth,
+    # distractor files per folder, chance of a follow-up turn, main task templates.
+    c.env.synthetic.difficulty = ml_collections.ConfigDict(
+        {
+            "turns": (1, 3),
+            "depth": 2,
+            "distractors": 1,
+            "followup": 0.6,
+            "templates": ("copy_found", "move_by_content", "rename_by_ext", "clone_text"),
+        }
+    )
 
     c.eval = ml_collections.ConfigDict()
     c.eval.policy = "model"  # model | ground_truth | empty

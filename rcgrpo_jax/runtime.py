@@ -112,6 +112,8 @@ def task_entries(config: ml_collections.ConfigDict, split: str) -> list:
     if config.env.benchmark == "synthetic":
         from rcgrpo_jax.envs import synthetic
 
-        n = config.env.synthetic.num_train if split == "train" else config.env.synthetic.num_test
-        return synthetic.make_tasks(split, int(n), seed=int(config.env.synthetic.seed))
+        s = config.env.synthetic
+        n = s.num_train if split == "train" else s.num_test
+        difficulty = {k: tuple(v) if isinstance(v, list) else v for k, v in s.difficulty.items()}
+        return synthetic.make_tasks(split, int(n), seed=int(s.seed), **difficulty)
     raise UserError(f"env.benchmark={config.env.benchmark!r}; expected 'bfcl' or 'synthetic'")

@@ -20,7 +20,7 @@ from rcgrpo_jax.envs.episode import Episode
 from rcgrpo_jax.envs.reward import RewardResult
 from rcgrpo_jax.models import ModelConfig, Params
 from rcgrpo_jax.rl.advantages import NONE
-from rcgrpo_jax.sampling import Session
+from rcgrpo_jax.sampling import Buckets, Session
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +123,12 @@ def collect(
         if len(stops) == 1
         else tokenizer.convert_tokens_to_ids(prompts.end_of_turn_token(tokenizer))
     )
+    # Trajectories end below max_len (checked here), but a padded prefill chunk may write past a
+    # row's last real token: the cache gets that much headroom (CapacityError otherwise).
     session = Session(
         cfg, params, temperature=settings.temperature, top_p=settings.top_p,
-        top_k=settings.top_k, seed=seed, mesh=mesh, max_len=settings.max_len,
+        top_k=settings.top_k, seed=seed, mesh=mesh,
+        max_len=settings.max_len + Buckets().chunk_max,
     )  # fmt: skip
     session.start(start, reserve=settings.max_new_tokens)
     length = [len(s) for s in start]
