@@ -20,6 +20,18 @@ REPO = Path(__file__).resolve().parent.parent
 TINY_VOCAB = 128
 
 
+def mask_runs(mask) -> list[tuple[int, int]]:
+    """[start, end) of each run of ones in a 0/1 mask (assistant spans of a loss mask)."""
+    out, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
 def tokenizers_dir() -> Path | None:
     """Real tokenizer fixtures: $RCGRPO_TOKENIZERS, else ../shared/tokenizers next to the repo."""
     env = os.environ.get("RCGRPO_TOKENIZERS")

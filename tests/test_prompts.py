@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import mask_runs
 
 from rcgrpo_jax.envs import bfcl, prompts
 from rcgrpo_jax.envs.calls import extract_calls
@@ -32,18 +33,6 @@ def played(entry_id: str, fmt: str, reward: int | None = 1) -> bfcl.Episode:
     episode = bfcl.Episode(entry_by_id(entry_id), fmt, reward_token=reward)
     bfcl.run_episodes([episode], bfcl.ground_truth)
     return episode
-
-
-def runs(mask: list[int]) -> list[tuple[int, int]]:
-    """[start, end) of each run of ones."""
-    out, start = [], None
-    for i, m in enumerate([*mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            out.append((start, i))
-            start = None
-    return out
 
 
 def test_tool_schemas_are_json_schema():
@@ -95,7 +84,7 @@ def test_loss_mask_lines_up_with_assistant_spans(tokenizers, tok_name, fmt, entr
     assert ids == tok.encode(text, add_special_tokens=False)  # same as one-piece tokenization
 
     assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    spans = runs(mask)
+    spans = mask_runs(mask)
     assert len(spans) == len(assistant) >= 4
     eot_id = tok.convert_tokens_to_ids(eot)
     for i, (start, end) in zip(assistant, spans, strict=True):
@@ -127,7 +116,7 @@ def test_reward_token_is_one_unmasked_token_in_the_system_prompt(tokenizers, tok
     assert len(high_ids) == len(low_ids) and high_mask == low_mask
     diff = [i for i, (a, b) in enumerate(zip(high_ids, low_ids, strict=True)) if a != b]
     assert len(diff) == 1 and low_ids[diff[0]] == token_ids[0] and high_mask[diff[0]] == 0
-    assert diff[0] < runs(high_mask)[0][0]  # before the first assistant token
+    assert diff[0] < mask_runs(high_mask)[0][0]  # before the first assistant token
     none = prompts.set_reward_token(episode.messages, None)
     assert len(prompts.render_with_mask(tok, none, episode.tools)[0]) == len(high_ids) - 1
 

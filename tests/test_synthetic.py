@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, mask_runs
 
 from rcgrpo_jax.envs import policies, prompts, synthetic, tiny_tokenizer
 from rcgrpo_jax.envs.calls import extract_calls, parse_call
@@ -200,17 +200,6 @@ def test_special_tokens_are_single_ids(tok):
     # a reward token in the middle of text is still one id
     text = f"ab{prompts.REWARD_TOKENS[0]}cd"
     assert reward_ids[0] in tok.encode(text, add_special_tokens=False)
-
-
-def mask_runs(mask):
-    out, start = [], None
-    for i, m in enumerate([*mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            out.append((start, i))
-            start = None
-    return out
 
 
 def test_loss_mask_is_exactly_the_assistant_spans(tok, tasks):

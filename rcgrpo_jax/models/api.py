@@ -139,14 +139,15 @@ def forward(
         raise ValueError(f"tokens must be [batch, length], got shape {tokens.shape}")
     if attention_mask is None:
         attention_mask = jnp.ones_like(tokens)
-    mesh = _params_mesh(params)
+    mesh = params_mesh(params)
     if mesh is not None and jax.sharding.get_abstract_mesh().empty:
         with sharding.use_mesh(mesh):
             return _forward(cfg, params, tokens, jnp.asarray(attention_mask))
     return _forward(cfg, params, tokens, jnp.asarray(attention_mask))
 
 
-def _params_mesh(params: Params) -> Mesh | None:
+def params_mesh(params: Params) -> Mesh | None:
+    """The multi-device mesh the params are sharded over, or None (single device)."""
     leaf = jax.tree.leaves(params)[0]
     s = getattr(leaf, "sharding", None)
     return s.mesh if isinstance(s, NamedSharding) and s.mesh.size > 1 else None
@@ -161,7 +162,7 @@ def resize_vocab(cfg: ModelConfig, params: Params, vocab_size: int) -> tuple[Mod
     if extra == 0:
         return cfg, params
     new_cfg = cfg.replace(vocab_size=vocab_size)
-    mesh = _params_mesh(params)
+    mesh = params_mesh(params)
 
     def grow(w: jax.Array, axis: int) -> jax.Array:
         mean = jnp.mean(w.astype(jnp.float32), axis=axis, keepdims=True).astype(w.dtype)
@@ -189,5 +190,5 @@ def mean_init_rows(cfg: ModelConfig, params: Params, ids: list[int], n_old: int)
         head = params["lm_head"]
         mean = jnp.mean(head[:, :n_old].astype(jnp.float32), 1).astype(head.dtype)
         out["lm_head"] = head.at[:, idx].set(mean[:, None])
-    mesh = _params_mesh(params)
+    mesh = params_mesh(params)
     return jax.device_put(out, param_shardings(cfg, mesh)) if mesh is not None else out

@@ -11,6 +11,15 @@ import jax.numpy as jnp
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 
 
+def known_fields(cls: type, d: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """`d` as a dict, after checking every key is a field of dataclass `cls` (typos are bugs)."""
+    d = dict(d)
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown {what} config keys: {', '.join(unknown)}")
+    return d
+
+
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
     """LLaMA-3.1's "llama3" frequency scaling (low frequencies stretched by `factor`)."""
@@ -77,11 +86,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
         """From a flat mapping (e.g. an ml_collections section); unknown keys raise."""
-        d = dict(d)
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - fields)
-        if unknown:
-            raise ValueError(f"unknown model config keys: {', '.join(unknown)}")
+        d = known_fields(cls, d, "model")
         if d.get("rope_scaling") is not None and not isinstance(d["rope_scaling"], RopeScaling):
             d["rope_scaling"] = RopeScaling(**dict(d["rope_scaling"]))
         if isinstance(d.get("eos_token_id"), list):

@@ -43,13 +43,6 @@ def _updates_per_iteration(rl: ml_collections.ConfigDict) -> int:
     return int(rl.epochs) * int(rl.minibatches)
 
 
-def _optim_config(rl: ml_collections.ConfigDict) -> OptimConfig:
-    d = rl.optim.to_dict()
-    if not d.get("total_steps"):
-        d["total_steps"] = int(rl.steps) * _updates_per_iteration(rl)
-    return OptimConfig.from_dict(d)
-
-
 def _check(rl: ml_collections.ConfigDict, algo: str) -> None:
     if rl.num_prompts % rl.minibatches:
         raise runtime.UserError(
@@ -106,7 +99,9 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     if config.eval.max_entries:
         test_pool = test_pool[: int(config.eval.max_entries)]
 
-    optim_cfg = _optim_config(rl)
+    optim_cfg = OptimConfig.from_dict(
+        rl.optim, default_total_steps=int(rl.steps) * _updates_per_iteration(rl)
+    )
     optimizer = make_optimizer(optim_cfg)
     psh = models.param_shardings(cfg, mesh)
     shardings = state_shardings(optimizer, psh, mesh, params)

@@ -29,7 +29,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
 from rcgrpo_jax import models
 from rcgrpo_jax.models.config import ModelConfig
@@ -93,12 +93,6 @@ class Generation:
     stopped: list[bool]
 
 
-def _params_mesh(params: models.Params) -> Mesh | None:
-    leaf = jax.tree.leaves(params)[0]
-    s = getattr(leaf, "sharding", None)
-    return s.mesh if isinstance(s, NamedSharding) and s.mesh.size > 1 else None
-
-
 class Session:
     """A batch of trajectories whose KV caches live on device across turns.
 
@@ -130,7 +124,7 @@ class Session:
             raise ValueError(f"top_k must be >= 0, got {top_k}")
         self.cfg = cfg
         self.params = params
-        self.mesh = mesh if mesh is not None else _params_mesh(params)
+        self.mesh = mesh if mesh is not None else models.params_mesh(params)
         self.max_len = max_len
         self.buckets = buckets
         greedy = temperature == 0.0

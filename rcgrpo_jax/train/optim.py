@@ -14,6 +14,8 @@ from typing import Any
 import jax
 import optax
 
+from rcgrpo_jax.models.config import known_fields
+
 # Leaves that are not decayed: norm scales and q/k/v biases (decaying them pulls norms to 0).
 NO_DECAY_NAMES = frozenset({"scale", "bq", "bk", "bv"})
 
@@ -41,13 +43,12 @@ class OptimConfig:
             )
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> OptimConfig:
-        """From a mapping or ml_collections section; unknown keys raise (typos are bugs)."""
-        d = dict(d)
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - fields)
-        if unknown:
-            raise ValueError(f"unknown optimizer config keys: {', '.join(unknown)}")
+    def from_dict(cls, d: Mapping[str, Any], *, default_total_steps: int = 0) -> OptimConfig:
+        """From a mapping or ml_collections section; unknown keys raise. A `total_steps` of 0
+        (the configs' "derive it") takes `default_total_steps` (the stage's update count)."""
+        d = known_fields(cls, d, "optimizer")
+        if not d.get("total_steps") and default_total_steps:
+            d["total_steps"] = int(default_total_steps)
         return cls(**d)
 
 

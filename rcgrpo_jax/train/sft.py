@@ -35,13 +35,6 @@ from rcgrpo_jax.train.state import (
 )
 
 
-def _optim_config(train: ml_collections.ConfigDict) -> OptimConfig:
-    d = train.optim.to_dict()
-    if not d.get("total_steps"):
-        d["total_steps"] = int(train.steps)
-    return OptimConfig.from_dict(d)
-
-
 def rollout_policy(config, model, tokenizer, mesh):
     """The initial policy, sampled at temperature `rl.temperature`: the source of RCTP's own
     low-quality trajectories (labelled by the reward they get, like every other source)."""
@@ -106,7 +99,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         )
 
     train = config.train
-    optim_cfg = _optim_config(train)
+    optim_cfg = OptimConfig.from_dict(train.optim, default_total_steps=int(train.steps))
     optimizer = make_optimizer(optim_cfg)
     psh = models.param_shardings(cfg, mesh)
     shardings = state_shardings(optimizer, psh, mesh, params)
