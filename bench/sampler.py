@@ -26,7 +26,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
+
+try:  # bench/suite.py reuses this module where torch may be absent (our side only)
+    import torch
+except ImportError:  # pragma: no cover - depends on the machine
+    torch = None
 
 from rcgrpo_jax import models, sampling  # noqa: E402
 
@@ -34,19 +38,32 @@ VOCAB, HIDDEN, LAYERS = 1024, 256, 4
 PAD = 0
 
 
-def make_model(path: Path):
+def make_model(
+    path: Path,
+    *,
+    vocab: int = VOCAB,
+    hidden: int = HIDDEN,
+    layers: int = LAYERS,
+    heads: int = 8,
+    kv_heads: int = 2,
+    intermediate: int | None = None,
+    tie: bool = False,
+    max_positions: int = 2048,
+):
+    """A random Qwen2 model saved to `path` (defaults: this benchmark's shape; bench/suite.py
+    passes others, e.g. Qwen2.5-0.5B's). `intermediate` defaults to 4 x hidden."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     torch.manual_seed(0)
     hf_cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=4 * HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate or 4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=tie,
     )
     model = AutoModelForCausalLM.from_config(hf_cfg).eval()
     model.save_pretrained(str(path))
