@@ -94,13 +94,20 @@ def best_time(fn, repeats: int) -> tuple[float, object]:
     return best, result
 
 
-def rollout_plan(seed: int = 0):
-    """8 prompts x 8 samples, 3 turns: per-row tool text lengths and which rows end when."""
+def rollout_plan(seed: int = 0, prompt_len: tuple[int, int] = (192, 320), variants: int = 2):
+    """8 prompts x 8 samples, 3 turns: per-row tool text lengths and which rows end when.
+
+    As in RC-GRPO, the 8 samples of a prompt come in `variants` versions that differ in one
+    early token (the reward token sits at the start of the system message), so only
+    8 x `variants` distinct prompts exist. Prompt lengths are drawn from `prompt_len`.
+    """
     rng = np.random.default_rng(seed)
-    # Tool-calling prompts are long (system prompt + function schemas; BFCL's are 1-3k tokens):
-    # 192-320 tokens keeps this CPU run short while the history still dominates each turn.
-    base = [rng.integers(1, VOCAB, int(rng.integers(192, 321))).tolist() for _ in range(8)]
-    prompts = [list(p) for p in base for _ in range(8)]
+    lo, hi = prompt_len
+    base = [rng.integers(1, VOCAB - 2, int(rng.integers(lo, hi + 1))).tolist() for _ in range(8)]
+    prompts = []
+    for p in base:
+        for j in range(8):
+            prompts.append(p[:3] + [VOCAB - 1 - j % variants] + p[4:])
     tools = [
         {r: rng.integers(1, VOCAB, int(rng.integers(8, 41))).tolist() for r in range(64)}
         for _ in range(2)
@@ -113,10 +120,10 @@ def rollout_plan(seed: int = 0):
 NEW_PER_TURN = 32
 
 
-def ours_rollout(cfg, params, plan):
+def ours_rollout(cfg, params, plan, share_prompts: bool = True):
     prompts, tools, ends = plan
     sess = sampling.Session(cfg, params, temperature=1.0, seed=1)
-    sess.start(prompts, reserve=NEW_PER_TURN)
+    sess.start(prompts, reserve=NEW_PER_TURN, share_prompts=share_prompts)
     generated = 0
     for turn in range(3):
         out = sess.decode_turn(NEW_PER_TURN)
@@ -161,11 +168,61 @@ def hf_rollout(model, plan):
     return generated, prefill
 
 
+def _span(text: str) -> tuple[int, int]:
+    lo, hi = (int(x) for x in text.split("-"))
+    return lo, hi
+
+
+def rollout_rows(cfg, params, model, prompt_len: tuple[int, int], reps: int) -> list[tuple]:
+    """(b) at one prompt-length range: ours (continuation + shared prompts), ours with
+    continuation only, and the transformers re-prefill loop; tokens/s and prefill tokens."""
+    plan = rollout_plan(prompt_len=prompt_len)
+    compiles = sampling.compile_count()
+    for share in (True, False):
+        ours_rollout(cfg, params, plan, share)  # warm-up
+    compiles = sampling.compile_count() - compiles
+    t_o, (gen_o, pre_o) = best_time(lambda: ours_rollout(cfg, params, plan), reps)
+    t_c, (gen_c, pre_c) = best_time(lambda: ours_rollout(cfg, params, plan, False), reps)
+    t_h, (gen_h, pre_h) = best_time(lambda: hf_rollout(model, plan), reps)
+    what = f"(b) 3-turn rollout, 8x8 traj., prompts {prompt_len[0]}-{prompt_len[1]}"
+    rate = lambda g, t: f"{g / t:,.0f} tok/s"
+    return [
+        (
+            what,
+            rate(gen_o, t_o),
+            rate(gen_h, t_h),
+            f"{(gen_o / t_o) / (gen_h / t_h):.2f}x",
+            f"wall {t_o:.1f}s vs {t_h:.1f}s; {compiles} programs compiled in warm-up",
+        ),
+        (
+            "    same, without prompt sharing",
+            rate(gen_c, t_c),
+            rate(gen_h, t_h),
+            f"{(gen_c / t_c) / (gen_h / t_h):.2f}x",
+            f"cache continuation alone; wall {t_c:.1f}s",
+        ),
+        (
+            "    prefill tokens (total)",
+            f"{pre_o:,} ({pre_c:,} unshared)",
+            f"{pre_h:,}",
+            f"{pre_h / pre_o:.1f}x fewer",
+            f"generated tokens: ours {gen_o:,}, HF {gen_h:,}",
+        ),
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=2, help="timed runs of (a); best is kept")
     ap.add_argument("--rollout-repeats", type=int, default=1, help="timed runs of (b)")
     ap.add_argument("--new", type=int, default=64, help="new tokens per row in (a)")
+    ap.add_argument(
+        "--rollout-lens",
+        type=_span,
+        nargs="+",
+        default=[(192, 320), (512, 1024)],
+        help="prompt-length ranges of (b), e.g. 192-320 512-1024 (BFCL's are ~1k-4.5k)",
+    )
     ap.add_argument(
         "--torch-threads",
         type=int,
@@ -208,31 +265,8 @@ def main() -> None:
             )
         )
 
-    plan = rollout_plan()
-    compiles = sampling.compile_count()
-    ours_rollout(cfg, params, plan)  # warm-up
-    compiles = sampling.compile_count() - compiles
-    reps = args.rollout_repeats
-    t_ours, (gen_o, pre_o) = best_time(lambda: ours_rollout(cfg, params, plan), reps)
-    t_hf, (gen_h, pre_h) = best_time(lambda: hf_rollout(model, plan), reps)
-    rows.append(
-        (
-            "(b) 3-turn rollout, 64 traj., T=1",
-            f"{gen_o / t_ours:,.0f} tok/s",
-            f"{gen_h / t_hf:,.0f} tok/s",
-            f"{(gen_o / t_ours) / (gen_h / t_hf):.2f}x",
-            f"{compiles} programs compiled in warm-up; wall {t_ours:.2f}s vs {t_hf:.2f}s",
-        )
-    )
-    rows.append(
-        (
-            "(b) prefill tokens (total)",
-            f"{pre_o:,}",
-            f"{pre_h:,}",
-            f"{pre_h / pre_o:.2f}x fewer",
-            f"generated tokens: ours {gen_o:,}, HF {gen_h:,}",
-        )
-    )
+    for lens in args.rollout_lens:
+        rows += rollout_rows(cfg, params, model, lens, args.rollout_repeats)
 
     head = ("benchmark", "ours (jax)", "transformers", "speed-up", "notes")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]

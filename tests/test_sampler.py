@@ -152,6 +152,36 @@ def test_multi_turn_continuation_equals_fresh_prefill(loaded):
     assert sess.prefill_tokens == prefill
 
 
+def test_shared_prompts_are_prefilled_once(loaded):
+    """G rollouts of one prompt: the prompt is prefilled once and copied, and every row samples
+    exactly what it samples without sharing (its own random stream), over two turns."""
+    cfg, params = loaded["qwen2"]
+    base = _prompts(cfg.vocab_size, lens=(9, 14, 6), seed=3)
+    prompts = [base[i] for i in (0, 0, 1, 0, 2, 2)]  # 3 distinct prompts, 6 rows
+    tool = {r: [3 + r] * (r + 1) for r in range(6)}
+    runs = {}
+    for share in (True, False):
+        sess = sampling.Session(cfg, params, temperature=1.0, seed=5, buckets=BUCKETS)
+        sess.start(prompts, reserve=8, share_prompts=share)
+        first = sess.decode_turn(8)
+        sess.append(tool)
+        second = sess.decode_turn(8)
+        runs[share] = (sess, first, second)
+    (shared, *turns_s), (plain, *turns_p) = runs[True], runs[False]
+    for got, ref in zip(turns_s, turns_p, strict=True):
+        assert got.tokens == ref.tokens
+        for r in range(6):
+            np.testing.assert_allclose(got.logprobs[r], ref.logprobs[r], atol=1e-5)
+    assert [shared.trajectory(r).tokens for r in range(6)] == [
+        plain.trajectory(r).tokens for r in range(6)
+    ]
+    assert len({tuple(turns_s[0].tokens[r]) for r in (0, 1, 3)}) > 1  # copies sample apart
+    tool_lens = [len(tool[r]) for r in range(6)]
+    assert plain.prefill_tokens == [len(p) + t for p, t in zip(prompts, tool_lens, strict=True)]
+    assert shared.prefill_tokens == [9 + 1, 2, 14 + 3, 4, 6 + 5, 6]  # copies: tool text only
+    assert shared.stats["prefill_tokens"] == sum(map(len, base)) + sum(tool_lens)
+
+
 def test_compile_count_bounded(loaded):
     """20 calls with 20 different prompt lengths compile a handful of programs, then none."""
     cfg, params = loaded["qwen2"]

@@ -15,20 +15,17 @@ from rcgrpo_jax.models.api import (
     token_logprobs,
 )
 from rcgrpo_jax.models.config import ModelConfig, RopeScaling
-from rcgrpo_jax.models.decoder import KVCache, init_cache
 from rcgrpo_jax.models.hf_io import CheckpointError, config_from_hf, load_hf, save_hf
 from rcgrpo_jax.models.sharding import make_mesh, use_mesh
 
 __all__ = [
     "CheckpointError",
-    "KVCache",
     "ModelConfig",
     "Params",
     "RopeScaling",
     "apply",
     "config_from_hf",
     "forward",
-    "init_cache",
     "init_params",
     "mean_init_rows",
     "load_hf",

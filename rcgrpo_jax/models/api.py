@@ -12,7 +12,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rcgrpo_jax.models import sharding
 from rcgrpo_jax.models.config import ModelConfig
-from rcgrpo_jax.models.decoder import Decoder, KVCache
+from rcgrpo_jax.models.decoder import Decoder
 
 Params = dict[str, Any]
 
@@ -64,11 +64,11 @@ def apply(
     tokens: jax.Array,
     positions: jax.Array,
     segments: jax.Array,
-    cache: KVCache | None = None,
     logits_at: jax.Array | None = None,
-) -> tuple[jax.Array, KVCache | None]:
-    """The decoder as a pure function (call it inside your own jit)."""
-    return Decoder(cfg).apply({"params": params}, tokens, positions, segments, cache, logits_at)
+) -> jax.Array:
+    """The decoder as a pure function (call it inside your own jit): float32 logits [B, T, V]
+    (or [B, 1, V] at positions `logits_at` [B])."""
+    return Decoder(cfg).apply({"params": params}, tokens, positions, segments, logits_at)
 
 
 def head_weights(cfg: ModelConfig, params: Params) -> jax.Array:
@@ -92,9 +92,7 @@ def token_logprobs(
     same non-zero segment as their context (packed examples never predict across a boundary).
     Both SFT and RL losses are built on this one function.
     """
-    hidden, _ = Decoder(cfg).apply(
-        {"params": params}, tokens, positions, segments, None, None, True
-    )
+    hidden = Decoder(cfg).apply({"params": params}, tokens, positions, segments, return_hidden=True)
     hidden, targets = hidden[:, :-1], tokens[:, 1:].astype(jnp.int32)
     b, t, e = hidden.shape
     n = -(-t // chunk)
@@ -122,7 +120,7 @@ def token_logprobs(
 @functools.partial(jax.jit, static_argnums=0)
 def _forward(cfg: ModelConfig, params: Params, tokens: jax.Array, attention_mask: jax.Array):
     mask = attention_mask.astype(jnp.int32)
-    logits, _ = apply(cfg, params, tokens, positions_from_mask(mask), mask)
+    logits = apply(cfg, params, tokens, positions_from_mask(mask), mask)
     return logits
 
 

@@ -7,6 +7,9 @@ The two families differ only in flags on `ModelConfig`: q/k/v biases (Qwen2), ti
 Attention masking is expressed with *segments* and *slots*, which covers training with left or
 right padding, packed sequences, and KV-cache continuation with one rule: a query at slot q sees
 key slot s iff s <= q and both carry the same non-zero segment id (0 = padding / empty).
+
+The layer math lives in pure functions (`project_qkv`, `attend`, `mlp`, ...) that the Linen
+modules here and the sampler's cached forward (`sampling.forward`) share.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import functools
 import math
 
 import flax.linen as nn
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,6 +64,96 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
     return out.astype(x.dtype)
 
 
+# ---------------------------------------------------------------------------------------------
+# The layer math as pure functions: the Linen modules below (training, scoring) and the sampler's
+# cached forward (`sampling.forward`) both call these, so there is one copy of it.
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return scale.astype(x.dtype) * y.astype(x.dtype)
+
+
+def segment_mask(q_slot: jax.Array, q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
+    """[B, T, S]: query at slot q_slot[b, t] sees key slot s iff s <= q_slot and both carry the
+    same non-zero segment (the one masking rule)."""
+    kv_slot = jnp.arange(kv_segments.shape[1], dtype=jnp.int32)
+    return (
+        (kv_slot[None, None, :] <= q_slot[:, :, None])
+        & (kv_segments[:, None, :] == q_segments[:, :, None])
+        & (kv_segments[:, None, :] > 0)
+    )
+
+
+def project_qkv(
+    cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, positions: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """x [B, T, E] -> roped q [B, T, H, D] and k, v [B, T, KV, D]."""
+    cd = cfg.compute_dtype
+    q = jnp.einsum("bte,ehd->bthd", x, p["wq"].astype(cd))
+    k = jnp.einsum("bte,ehd->bthd", x, p["wk"].astype(cd))
+    v = jnp.einsum("bte,ehd->bthd", x, p["wv"].astype(cd))
+    if cfg.qkv_bias:
+        q, k, v = q + p["bq"].astype(cd), k + p["bk"].astype(cd), v + p["bv"].astype(cd)
+    inv_freq = rope_inv_freq(cfg)
+    q = apply_rope(q, positions, inv_freq)
+    return (
+        constrain(q, ("act_batch", "act_len", "act_heads", "head_dim")),
+        apply_rope(k, positions, inv_freq),
+        v,
+    )
+
+
+def attend(
+    cfg: ModelConfig, q: jax.Array, keys_t: jax.Array, values: jax.Array, mask: jax.Array
+) -> jax.Array:
+    """Grouped-query attention: q [B, T, H, D] over keys_t [B, KV, D, S] (keys transposed) and
+    values [B, KV, S, D] where mask [B, T, S] allows; returns [B, T, H, D].
+
+    Both dots are plain [.., M, K] @ [.., K, N] products: scores come out [B, KV, G, T, S], so
+    neither the softmax nor the second dot relayouts the one large tensor, and a KV cache kept
+    in these layouts is read as it lies (on CPU, contracting keys stored [S, D] cost 8x more
+    per decode step at 1.5k slots than keys stored [D, S]).
+    """
+    b, t, h, d = q.shape
+    kv = keys_t.shape[1]
+    qg = q.reshape(b, t, kv, h // kv, d).transpose(0, 2, 3, 1, 4)  # [B, KV, G, T, D]
+    scores = jnp.einsum("bkgtd,bkds->bkgts", qg, keys_t, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None], scores * (1.0 / math.sqrt(d)), _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
+    out = jnp.einsum("bkgts,bksd->bkgtd", probs, values)
+    out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+    return constrain(out, ("act_batch", "act_len", "act_heads", "head_dim"))
+
+
+def attention_out(cfg: ModelConfig, p: dict[str, jax.Array], out: jax.Array) -> jax.Array:
+    return jnp.einsum("bthd,hde->bte", out, p["wo"].astype(cfg.compute_dtype))
+
+
+def mlp(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    cd = cfg.compute_dtype
+    hidden = jax.nn.silu(x @ p["w_gate"].astype(cd)) * (x @ p["w_up"].astype(cd))
+    hidden = constrain(hidden, ("act_batch", "act_len", "act_mlp"))
+    return hidden @ p["w_down"].astype(cd)
+
+
+def embed(cfg: ModelConfig, embedding: jax.Array, tokens: jax.Array) -> jax.Array:
+    return jnp.take(embedding, tokens, axis=0).astype(cfg.compute_dtype)
+
+
+def lm_logits(cfg: ModelConfig, x: jax.Array, head: jax.Array) -> jax.Array:
+    """Final-normed hidden states [B, T, E] @ head [E, V] -> float32 logits [B, T, V]."""
+    logits = jnp.einsum(
+        "bte,ev->btv", x, head.astype(cfg.compute_dtype), preferred_element_type=jnp.float32
+    )
+    return constrain(logits, ("act_batch", "act_len", "act_vocab"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Linen modules: each declares its weights once (shape + logical axes), then calls the math above.
+
+
 class RMSNorm(nn.Module):
     eps: float
     param_dtype: jnp.dtype
@@ -71,95 +163,36 @@ class RMSNorm(nn.Module):
         scale = _param(
             self, "scale", nn.initializers.ones, (x.shape[-1],), ("norm",), self.param_dtype
         )
-        xf = x.astype(jnp.float32)
-        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-        return scale.astype(x.dtype) * y.astype(x.dtype)
-
-
-@flax.struct.dataclass
-class KVCache:
-    """Per-row KV cache. `segments[b, s]` is 1 where slot s holds a real token; `end[b]` is the
-    next free slot of row b (chunks are appended there, so rows may have different lengths)."""
-
-    k: jax.Array  # [L, B, S, KV, D]
-    v: jax.Array  # [L, B, S, KV, D]
-    segments: jax.Array  # [B, S] int32
-    end: jax.Array  # [B] int32
-
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[2]
-
-
-CACHE_AXES = ("cache_layers", "cache_batch", "cache_len", "cache_kv_heads", "head_dim")
-
-
-def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
-    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
-    zeros = jnp.zeros(shape, cfg.compute_dtype)
-    return KVCache(
-        k=constrain(zeros, CACHE_AXES),
-        v=constrain(zeros, CACHE_AXES),
-        segments=jnp.zeros((batch, max_len), jnp.int32),
-        end=jnp.zeros((batch,), jnp.int32),
-    )
-
-
-def _write_rows(buf: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:
-    """buf[b, start[b]:start[b]+T] = chunk[b] for every row b."""
-
-    def one(row, new, s):
-        return jax.lax.dynamic_update_slice_in_dim(row, new.astype(row.dtype), s, axis=0)
-
-    return jax.vmap(one)(buf, chunk, start)
+        return rms_norm(x, scale, self.eps)
 
 
 class Attention(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x, positions, mask, layer_cache, cache_start):
+    def __call__(self, x, positions, mask):
         cfg = self.cfg
         e, h, kv, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        pd, cd = cfg.weight_dtype, cfg.compute_dtype
-        init = nn.initializers.normal(0.02)
-        wq = _param(self, "wq", init, (e, h, d), ("embed", "q_heads", "head_dim"), pd)
-        wk = _param(self, "wk", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), pd)
-        wv = _param(self, "wv", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), pd)
-        wo = _param(self, "wo", init, (h, d, e), ("q_heads", "head_dim", "embed"), pd)
-        q = jnp.einsum("bte,ehd->bthd", x, wq.astype(cd))
-        k = jnp.einsum("bte,ehd->bthd", x, wk.astype(cd))
-        v = jnp.einsum("bte,ehd->bthd", x, wv.astype(cd))
+        pd = cfg.weight_dtype
+        init, zeros = nn.initializers.normal(0.02), nn.initializers.zeros
+        p = {
+            "wq": _param(self, "wq", init, (e, h, d), ("embed", "q_heads", "head_dim"), pd),
+            "wk": _param(self, "wk", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), pd),
+            "wv": _param(self, "wv", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), pd),
+            "wo": _param(self, "wo", init, (h, d, e), ("q_heads", "head_dim", "embed"), pd),
+        }
         if cfg.qkv_bias:
-            zeros = nn.initializers.zeros
-            q = q + _param(self, "bq", zeros, (h, d), ("q_heads", "head_dim"), pd).astype(cd)
-            k = k + _param(self, "bk", zeros, (kv, d), ("kv_heads", "head_dim"), pd).astype(cd)
-            v = v + _param(self, "bv", zeros, (kv, d), ("kv_heads", "head_dim"), pd).astype(cd)
-        inv_freq = rope_inv_freq(cfg)
-        q = constrain(
-            apply_rope(q, positions, inv_freq), ("act_batch", "act_len", "act_heads", "head_dim")
+            p["bq"] = _param(self, "bq", zeros, (h, d), ("q_heads", "head_dim"), pd)
+            p["bk"] = _param(self, "bk", zeros, (kv, d), ("kv_heads", "head_dim"), pd)
+            p["bv"] = _param(self, "bv", zeros, (kv, d), ("kv_heads", "head_dim"), pd)
+        q, k, v = project_qkv(cfg, p, x, positions)
+        keys_t = constrain(
+            k.transpose(0, 2, 3, 1), ("act_batch", "act_kv_heads", "head_dim", "act_len")
         )
-        k = apply_rope(k, positions, inv_freq)
-
-        if layer_cache is not None:
-            ck, cv = layer_cache
-            ck = _write_rows(ck, k, cache_start)
-            cv = _write_rows(cv, v, cache_start)
-            keys, values, layer_cache = ck, cv, (ck, cv)
-        else:
-            keys, values = k, v
-        keys = constrain(keys, ("act_batch", "act_len", "act_kv_heads", "head_dim"))
-        values = constrain(values, ("act_batch", "act_len", "act_kv_heads", "head_dim"))
-
-        b, t = x.shape[:2]
-        qg = q.reshape(b, t, kv, h // kv, d)
-        scores = jnp.einsum("btkgd,bskd->bkgts", qg, keys, preferred_element_type=jnp.float32)
-        scores = scores * (1.0 / math.sqrt(d))
-        scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
-        probs = jax.nn.softmax(scores, axis=-1).astype(cd)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(b, t, h, d)
-        out = constrain(out, ("act_batch", "act_len", "act_heads", "head_dim"))
-        return jnp.einsum("bthd,hde->bte", out, wo.astype(cd)), layer_cache
+        values = constrain(
+            v.transpose(0, 2, 1, 3), ("act_batch", "act_kv_heads", "act_len", "head_dim")
+        )
+        return attention_out(cfg, p, attend(cfg, q, keys_t, values, mask))
 
 
 class Mlp(nn.Module):
@@ -168,30 +201,26 @@ class Mlp(nn.Module):
     @nn.compact
     def __call__(self, x):
         cfg = self.cfg
-        e, m, pd, cd = cfg.hidden_size, cfg.intermediate_size, cfg.weight_dtype, cfg.compute_dtype
+        e, m, pd = cfg.hidden_size, cfg.intermediate_size, cfg.weight_dtype
         init = nn.initializers.normal(0.02)
-        gate = _param(self, "w_gate", init, (e, m), ("embed", "mlp"), pd)
-        up = _param(self, "w_up", init, (e, m), ("embed", "mlp"), pd)
-        down = _param(self, "w_down", init, (m, e), ("mlp", "embed"), pd)
-        hidden = jax.nn.silu(x @ gate.astype(cd)) * (x @ up.astype(cd))
-        hidden = constrain(hidden, ("act_batch", "act_len", "act_mlp"))
-        return hidden @ down.astype(cd)
+        p = {
+            "w_gate": _param(self, "w_gate", init, (e, m), ("embed", "mlp"), pd),
+            "w_up": _param(self, "w_up", init, (e, m), ("embed", "mlp"), pd),
+            "w_down": _param(self, "w_down", init, (m, e), ("mlp", "embed"), pd),
+        }
+        return mlp(cfg, p, x)
 
 
 class DecoderLayer(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x, layer_cache, positions, mask, cache_start):
+    def __call__(self, x, positions, mask):
         cfg = self.cfg
         norm = functools.partial(RMSNorm, cfg.rms_norm_eps, cfg.weight_dtype)
-        attn_out, layer_cache = Attention(cfg, name="attn")(
-            norm(name="attn_norm")(x), positions, mask, layer_cache, cache_start
-        )
-        x = x + attn_out
+        x = x + Attention(cfg, name="attn")(norm(name="attn_norm")(x), positions, mask)
         x = x + Mlp(cfg, name="mlp")(norm(name="mlp_norm")(x))
-        x = constrain(x, ("act_batch", "act_len", "act_embed"))
-        return x, layer_cache
+        return constrain(x, ("act_batch", "act_len", "act_embed")), None
 
 
 _REMAT = {
@@ -210,16 +239,14 @@ class Decoder(nn.Module):
         tokens,
         positions,
         segments,
-        cache: KVCache | None = None,
         logits_at=None,
         return_hidden: bool = False,
     ):
-        """tokens/positions/segments [B, T]; with `cache`, the chunk is appended at `cache.end`.
-
-        Returns (logits [B, T, V] float32 — or [B, 1, V] at positions `logits_at` [B] — , cache).
-        With `return_hidden`, the final-normed hidden states [B, T, E] replace the logits, so a
-        caller can apply the head in chunks (`api.token_logprobs`) instead of materialising
-        [B, T, V] — 20 GB in f32 for 4 × 8k tokens of a 152k vocabulary.
+        """tokens/positions/segments [B, T] -> logits [B, T, V] float32 (or [B, 1, V] at
+        positions `logits_at` [B]). With `return_hidden`, the final-normed hidden states
+        [B, T, E] replace the logits, so a caller can apply the head in chunks
+        (`api.token_logprobs`) instead of materialising [B, T, V] — 20 GB in f32 for 4 × 8k
+        tokens of a 152k vocabulary. (Cached inference: `sampling.forward`, same math.)
         """
         cfg = self.cfg
         embedding = _param(
@@ -230,24 +257,9 @@ class Decoder(nn.Module):
             ("vocab", "embed"),
             cfg.weight_dtype,
         )
-        x = jnp.take(embedding, tokens, axis=0).astype(cfg.compute_dtype)
-        x = constrain(x, ("act_batch", "act_len", "act_embed"))
-
-        t = tokens.shape[1]
-        if cache is None:
-            q_slot = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), tokens.shape)
-            kv_segments, layer_caches, start = segments, None, None
-        else:
-            start = cache.end
-            q_slot = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-            kv_segments = _write_rows(cache.segments, segments, start)
-            layer_caches = (cache.k, cache.v)
-        kv_slot = jnp.arange(kv_segments.shape[1], dtype=jnp.int32)
-        mask = (
-            (kv_slot[None, None, :] <= q_slot[:, :, None])
-            & (kv_segments[:, None, :] == segments[:, :, None])
-            & (kv_segments[:, None, :] > 0)
-        )
+        x = constrain(embed(cfg, embedding, tokens), ("act_batch", "act_len", "act_embed"))
+        slots = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+        mask = segment_mask(slots, segments, segments)
 
         layer = DecoderLayer
         if cfg.remat != "none":
@@ -256,15 +268,11 @@ class Decoder(nn.Module):
             layer,
             variable_axes={"params": 0},
             split_rngs={"params": True},
-            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+            in_axes=(nn.broadcast, nn.broadcast),
             length=cfg.num_layers,
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
-        x, layer_caches = stack(cfg, name="layers")(x, layer_caches, positions, mask, start)
-        if cache is not None:
-            cache = KVCache(
-                k=layer_caches[0], v=layer_caches[1], segments=kv_segments, end=start + t
-            )
+        x, _ = stack(cfg, name="layers")(x, positions, mask)
 
         if logits_at is not None:
             x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)
@@ -281,8 +289,5 @@ class Decoder(nn.Module):
                 cfg.weight_dtype,
             )
         if return_hidden:  # the caller applies the head (in chunks)
-            return x, cache
-        logits = jnp.einsum(
-            "bte,ev->btv", x, head.astype(cfg.compute_dtype), preferred_element_type=jnp.float32
-        )
-        return constrain(logits, ("act_batch", "act_len", "act_vocab")), cache
+            return x
+        return lm_logits(cfg, x, head)

@@ -92,9 +92,13 @@ def _constrain_state(state: RolloutState) -> RolloutState:
 
 def state_logical_axes(cfg: ModelConfig) -> RolloutState:
     """Logical axes of every leaf of a `RolloutState` (for shardings and memory planning)."""
-    kv = (forward.KV_AXES,) * cfg.num_layers
     return RolloutState(
-        cache=Cache(k=kv, v=kv, segments=("cache_batch", "cache_len"), end=("cache_batch",)),
+        cache=Cache(
+            k=(forward.K_AXES,) * cfg.num_layers,
+            v=(forward.V_AXES,) * cfg.num_layers,
+            segments=("cache_batch", "cache_len"),
+            end=("cache_batch",),
+        ),
         logits=("cache_batch", None),
         traj=("cache_batch",),
         n_sampled=("cache_batch",),
@@ -123,14 +127,21 @@ def init_state(cfg: ModelConfig, capacity: int, traj: jax.Array) -> RolloutState
     )
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+@functools.partial(jax.jit, static_argnums=0, static_argnames="kv_len", donate_argnums=2)
 def prefill(
-    cfg: ModelConfig, params: models.Params, state: RolloutState, tokens: jax.Array, lens: jax.Array
+    cfg: ModelConfig,
+    params: models.Params,
+    state: RolloutState,
+    tokens: jax.Array,
+    lens: jax.Array,
+    *,
+    kv_len: int | None = None,
 ) -> RolloutState:
     """Appends a right-padded chunk `tokens` [B, T] with real lengths `lens` [B] to every row.
 
     Rows with `lens == 0` are untouched (their logits are kept). The caller guarantees
-    `end + T <= capacity` for every row (checked on the host).
+    `end + T <= kv_len <= capacity` for every row (checked on the host); attention reads only
+    the first `kv_len` slots (None: all).
     """
     _traced("prefill")
     t = tokens.shape[1]
@@ -140,7 +151,7 @@ def prefill(
     segments = (steps < lens[:, None]).astype(jnp.int32)
     weights = forward.split_layers(cfg, params)
     logits, cache = forward.apply_cached(
-        cfg, weights, tokens, positions, segments, state.cache, jnp.maximum(lens - 1, 0)
+        cfg, weights, tokens, positions, segments, state.cache, jnp.maximum(lens - 1, 0), kv_len
     )
     cache = cache.replace(end=end + lens)
     logits = jnp.where(lens[:, None] > 0, logits[:, 0], state.logits)
@@ -194,7 +205,7 @@ def _row_keys(base: jax.Array, traj: jax.Array, n_sampled: jax.Array) -> jax.Arr
     )
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=4)
+@functools.partial(jax.jit, static_argnums=(0, 1, 2), static_argnames="kv_len", donate_argnums=4)
 def decode(
     cfg: ModelConfig,
     mode: SampleMode,
@@ -207,6 +218,8 @@ def decode(
     top_p: jax.Array,
     budget: jax.Array,
     stop_ids: jax.Array,
+    *,
+    kv_len: int | None = None,
 ) -> tuple[RolloutState, DecodeOut]:
     """Samples up to `steps` tokens per row in one `lax.while_loop`.
 
@@ -215,6 +228,8 @@ def decode(
     or when its budget is spent; stopped rows no longer advance their cache (their writes are
     padding at `end`, overwritten later); the loop exits as soon as every row has stopped. Every
     sampled token is fed through the model, so the state is ready for an append or more decoding.
+    Attention reads the first `kv_len` slots (None: all): the caller guarantees that every row's
+    `end + steps + 1` fits.
     """
     _traced("decode")
     weights = forward.split_layers(cfg, params)  # once per call, outside the loop
@@ -246,7 +261,7 @@ def decode(
         seg = live.astype(jnp.int32)
         end = st.cache.end
         logits, cache = forward.apply_cached(
-            cfg, weights, tok[:, None], end[:, None], seg[:, None], st.cache
+            cfg, weights, tok[:, None], end[:, None], seg[:, None], st.cache, kv_len=kv_len
         )
         st = RolloutState(
             cache=cache.replace(end=end + seg),
@@ -276,12 +291,18 @@ def _take_rows(state: RolloutState, idx: jax.Array) -> RolloutState:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def gather_rows(cfg: ModelConfig, state: RolloutState, idx: jax.Array) -> RolloutState:
-    """A state made of rows `idx` [B'] (indices >= B give empty rows): sub-batches and
-    compaction after rows finish."""
+def gather_rows(
+    cfg: ModelConfig, state: RolloutState, idx: jax.Array, traj: jax.Array | None = None
+) -> RolloutState:
+    """A state made of rows `idx` [B'] (indices >= B give empty rows): sub-batches, compaction
+    after rows finish, and copies of a shared prompt's row. `traj` [B'], if given, renumbers the
+    rows' trajectories (a copy must draw from its own random stream)."""
     del cfg  # only keys the compile cache per model
     _traced("gather_rows")
-    return _constrain_state(_take_rows(state, idx))
+    out = _take_rows(state, idx)
+    if traj is not None:
+        out = out.replace(traj=traj.astype(jnp.int32))
+    return _constrain_state(out)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
@@ -300,13 +321,4 @@ def grow(cfg: ModelConfig, state: RolloutState, capacity: int) -> RolloutState:
     """The same state with a longer cache (new slots empty)."""
     del cfg
     _traced("grow")
-    c = state.cache
-    extra = capacity - c.capacity
-    pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))
-    cache = Cache(
-        k=tuple(map(pad, c.k)),
-        v=tuple(map(pad, c.v)),
-        segments=jnp.pad(c.segments, ((0, 0), (0, extra))),
-        end=c.end,
-    )
-    return _constrain_state(state.replace(cache=cache))
+    return _constrain_state(state.replace(cache=forward.pad_cache(state.cache, capacity)))

@@ -1,21 +1,19 @@
-"""The decoder's math for cached inference: per-layer KV buffers in [B, KV, S, D] layout.
+"""Cached inference: the decoder's layers over per-layer KV buffers in [B, KV, S, D] layout.
 
-`models.apply` (one `nn.scan` over stacked layers, cache [L, B, S, KV, D]) is the training-side
-forward. Driving a KV cache through that scan costs, on every decode step, a copy of the whole
-cache in and out of the scan plus a relayout of each layer's keys and values for the attention
-dots — on CPU that was ~70% of a batch-32 decode step at 512 cache slots. Here each layer owns
-its cache buffers (updated in place inside the jitted loop), laid out so that both attention dots
-read them as they are, and the layer loop is unrolled over weights that are sliced out of the
-stacked params once per jitted call (outside the decode loop), not once per step.
+`models.apply` runs the layers under one `nn.scan` over stacked weights, which suits training.
+Driving a KV cache through that scan costs, on every decode step, a copy of the whole cache in
+and out of the scan — on CPU that was ~70% of a batch-32 decode step at 512 cache slots. Here
+each layer owns its cache buffers (updated in place inside the jitted loop), laid out as
+`models.decoder.attend` reads them, and the layer loop is unrolled over weights sliced out of
+the stacked params once per jitted call (outside the decode loop), not once per step.
 
-Same weights, same math and the same masking rule as `models.decoder` (query slot q sees key
-slot s iff s <= q and both carry the same non-zero segment); the tests check the logits against
-`models.forward` and the tokens against transformers.
+The math is the decoder's own (`models.decoder`: `project_qkv`, `attend`, `mlp`, `rms_norm`,
+`segment_mask`), only driven differently; the tests check the logits against `models.forward`
+and the tokens against transformers.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import flax.struct
@@ -23,18 +21,19 @@ import jax
 import jax.numpy as jnp
 
 from rcgrpo_jax import models
+from rcgrpo_jax.models import decoder as dec
 from rcgrpo_jax.models.config import ModelConfig
-from rcgrpo_jax.models.decoder import apply_rope, rope_inv_freq
 from rcgrpo_jax.models.sharding import constrain
 
-KV_AXES = ("cache_batch", "cache_kv_heads", "cache_len", "head_dim")
-_MASKED = -1e30  # as models.decoder: finite, so a padding query with no visible key is no NaN
+K_AXES = ("cache_batch", "cache_kv_heads", "head_dim", "cache_len")  # keys stored transposed
+V_AXES = ("cache_batch", "cache_kv_heads", "cache_len", "head_dim")
 
 
 @flax.struct.dataclass
 class Cache:
-    """Per-row KV cache. `k[l]`/`v[l]`: layer l's [B, KV, S, D] buffers; `segments[b, s]` is 1
-    where slot s of row b holds a real token; `end[b]` is row b's next free slot."""
+    """Per-row KV cache. `k[l]`: layer l's keys, transposed [B, KV, D, S]; `v[l]`: its values
+    [B, KV, S, D] (the layouts `models.decoder.attend` reads); `segments[b, s]` is 1 where slot s
+    of row b holds a real token; `end[b]` is row b's next free slot."""
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
@@ -47,14 +46,11 @@ class Cache:
 
 
 def init_cache(cfg: ModelConfig, batch: int, capacity: int) -> Cache:
-    shape = (batch, cfg.num_kv_heads, capacity, cfg.head_dim)
-
-    def zeros() -> jax.Array:
-        return constrain(jnp.zeros(shape, cfg.compute_dtype), KV_AXES)
-
+    kv, d, cd = cfg.num_kv_heads, cfg.head_dim, cfg.compute_dtype
+    zeros = lambda shape, axes: constrain(jnp.zeros(shape, cd), axes)
     return Cache(
-        k=tuple(zeros() for _ in range(cfg.num_layers)),
-        v=tuple(zeros() for _ in range(cfg.num_layers)),
+        k=tuple(zeros((batch, kv, d, capacity), K_AXES) for _ in range(cfg.num_layers)),
+        v=tuple(zeros((batch, kv, capacity, d), V_AXES) for _ in range(cfg.num_layers)),
         segments=jnp.zeros((batch, capacity), jnp.int32),
         end=jnp.zeros((batch,), jnp.int32),
     )
@@ -62,10 +58,22 @@ def init_cache(cfg: ModelConfig, batch: int, capacity: int) -> Cache:
 
 def constrain_cache(c: Cache) -> Cache:
     return Cache(
-        k=tuple(constrain(x, KV_AXES) for x in c.k),
-        v=tuple(constrain(x, KV_AXES) for x in c.v),
+        k=tuple(constrain(x, K_AXES) for x in c.k),
+        v=tuple(constrain(x, V_AXES) for x in c.v),
         segments=constrain(c.segments, ("cache_batch", "cache_len")),
         end=constrain(c.end, ("cache_batch",)),
+    )
+
+
+def pad_cache(c: Cache, capacity: int) -> Cache:
+    """The same cache with `capacity` slots (new slots empty)."""
+    extra = capacity - c.capacity
+    pad = lambda x, axis: jnp.pad(x, [(0, extra if a == axis else 0) for a in range(x.ndim)])
+    return Cache(
+        k=tuple(pad(x, 3) for x in c.k),
+        v=tuple(pad(x, 2) for x in c.v),
+        segments=pad(c.segments, 1),
+        end=c.end,
     )
 
 
@@ -83,52 +91,22 @@ def split_layers(cfg: ModelConfig, params: models.Params) -> dict[str, Any]:
     return {**params, "layers": layers}
 
 
-def _rms_norm(cfg: ModelConfig, scale: jax.Array, x: jax.Array) -> jax.Array:
-    xf = x.astype(jnp.float32)
-    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + cfg.rms_norm_eps)
-    return scale.astype(x.dtype) * y.astype(x.dtype)
-
-
-def _write(buf: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:
-    """buf[b, :, start[b]:start[b]+T] = chunk[b] for every row b (buf [B, KV, S, D], chunk
-    [B, KV, T, D]); in place when `buf` is a loop carry or donated."""
+def _write(buf: jax.Array, chunk: jax.Array, start: jax.Array, axis: int) -> jax.Array:
+    """buf[b, ..., start[b]:start[b]+T, ...] = chunk[b] along slot `axis` of each row, for every
+    row b; in place when `buf` is a loop carry or donated."""
 
     def one(row, new, s):
-        return jax.lax.dynamic_update_slice_in_dim(row, new.astype(row.dtype), s, axis=1)
+        return jax.lax.dynamic_update_slice_in_dim(row, new.astype(row.dtype), s, axis=axis - 1)
 
     return jax.vmap(one)(buf, chunk, start)
 
 
-def _attention(cfg, p, x, positions, mask, ck, cv, start):
-    h, kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    cd = cfg.compute_dtype
-    q = jnp.einsum("bte,ehd->bthd", x, p["wq"].astype(cd))
-    k = jnp.einsum("bte,ehd->bthd", x, p["wk"].astype(cd))
-    v = jnp.einsum("bte,ehd->bthd", x, p["wv"].astype(cd))
-    if cfg.qkv_bias:
-        q, k, v = q + p["bq"].astype(cd), k + p["bk"].astype(cd), v + p["bv"].astype(cd)
-    inv_freq = rope_inv_freq(cfg)
-    q = apply_rope(q, positions, inv_freq)
-    k = apply_rope(k, positions, inv_freq)
-    ck = constrain(_write(ck, k.transpose(0, 2, 1, 3), start), KV_AXES)
-    cv = constrain(_write(cv, v.transpose(0, 2, 1, 3), start), KV_AXES)
-
-    b, t = x.shape[:2]
-    qg = q.reshape(b, t, kv, h // kv, d)
-    scores = jnp.einsum("btkgd,bksd->bkgts", qg, ck, preferred_element_type=jnp.float32)
-    scores = scores * (1.0 / math.sqrt(d))
-    scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(cd)
-    out = jnp.einsum("bkgts,bksd->btkgd", probs, cv).reshape(b, t, h, d)
-    out = constrain(out, ("act_batch", "act_len", "act_heads", "head_dim"))
-    return jnp.einsum("bthd,hde->bte", out, p["wo"].astype(cd)), ck, cv
-
-
-def _mlp(cfg, p, x):
-    cd = cfg.compute_dtype
-    hidden = jax.nn.silu(x @ p["w_gate"].astype(cd)) * (x @ p["w_up"].astype(cd))
-    hidden = constrain(hidden, ("act_batch", "act_len", "act_mlp"))
-    return hidden @ p["w_down"].astype(cd)
+def _attention(cfg, p, x, positions, mask, ck, cv, start, kv_len):
+    q, k, v = dec.project_qkv(cfg, p, x, positions)
+    ck = constrain(_write(ck, k.transpose(0, 2, 3, 1), start, axis=3), K_AXES)
+    cv = constrain(_write(cv, v.transpose(0, 2, 1, 3), start, axis=2), V_AXES)
+    out = dec.attend(cfg, q, ck[..., :kv_len], cv[:, :, :kv_len], mask)
+    return dec.attention_out(cfg, p, out), ck, cv
 
 
 def apply_cached(
@@ -139,49 +117,43 @@ def apply_cached(
     segments: jax.Array,
     cache: Cache,
     logits_at: jax.Array | None = None,
+    kv_len: int | None = None,
 ) -> tuple[jax.Array, Cache]:
     """Appends the chunk tokens/positions/segments [B, T] at `cache.end` (which advances by T)
     and returns (logits [B, T, V] — or [B, 1, V] at chunk positions `logits_at` [B] —, cache).
 
+    `kv_len` (static): attend over slots [0, kv_len) only; the caller guarantees that no row's
+    `end + T` exceeds it. Attention then costs what the rows hold, not what the cache could
+    hold: a 1k-token prompt prefilled into a 1.5k-slot cache in 128-token chunks would
+    otherwise score every chunk against all 1.5k slots.
+
     `weights` comes from `split_layers`. Call inside a jit.
     """
-    x = jnp.take(weights["embedding"], tokens, axis=0).astype(cfg.compute_dtype)
-    x = constrain(x, ("act_batch", "act_len", "act_embed"))
+    x = constrain(
+        dec.embed(cfg, weights["embedding"], tokens), ("act_batch", "act_len", "act_embed")
+    )
     t = tokens.shape[1]
     start = cache.end
     q_slot = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
     kv_segments = jax.vmap(lambda row, new, s: jax.lax.dynamic_update_slice(row, new, (s,)))(
         cache.segments, segments, start
     )
-    kv_slot = jnp.arange(kv_segments.shape[1], dtype=jnp.int32)
-    mask = (
-        (kv_slot[None, None, :] <= q_slot[:, :, None])
-        & (kv_segments[:, None, :] == segments[:, :, None])
-        & (kv_segments[:, None, :] > 0)
-    )
+    kv_len = cache.capacity if kv_len is None else min(kv_len, cache.capacity)
+    mask = dec.segment_mask(q_slot, segments, kv_segments[:, :kv_len])
+    norm = lambda p, h: dec.rms_norm(h, p["scale"], cfg.rms_norm_eps)
     ks, vs = [], []
     for layer, ck, cv in zip(weights["layers"], cache.k, cache.v, strict=True):
         attn_out, ck, cv = _attention(
-            cfg,
-            layer["attn"],
-            _rms_norm(cfg, layer["attn_norm"]["scale"], x),
-            positions,
-            mask,
-            ck,
-            cv,
-            start,
+            cfg, layer["attn"], norm(layer["attn_norm"], x), positions, mask, ck, cv, start, kv_len
         )
         x = x + attn_out
-        x = x + _mlp(cfg, layer["mlp"], _rms_norm(cfg, layer["mlp_norm"]["scale"], x))
+        x = x + dec.mlp(cfg, layer["mlp"], norm(layer["mlp_norm"], x))
         x = constrain(x, ("act_batch", "act_len", "act_embed"))
         ks.append(ck)
         vs.append(cv)
     if logits_at is not None:
         x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)
-    x = _rms_norm(cfg, weights["final_norm"]["scale"], x)
+    x = norm(weights["final_norm"], x)
     head = weights["embedding"].T if cfg.tie_embeddings else weights["lm_head"]
-    logits = jnp.einsum(
-        "bte,ev->btv", x, head.astype(cfg.compute_dtype), preferred_element_type=jnp.float32
-    )
-    logits = constrain(logits, ("act_batch", "act_len", "act_vocab"))
+    logits = dec.lm_logits(cfg, x, head)
     return logits, Cache(k=tuple(ks), v=tuple(vs), segments=kv_segments, end=start + t)

@@ -164,10 +164,15 @@ class Session:
         """The device pytree (caches of the live rows, in `live_rows` order, then empty rows)."""
         return self._state
 
-    def start(self, prompts: Sequence[Sequence[int]], *, reserve: int = 0) -> list[int]:
+    def start(
+        self, prompts: Sequence[Sequence[int]], *, reserve: int = 0, share_prompts: bool = True
+    ) -> list[int]:
         """Prefills the prompts as rows 0..N-1 and returns the row ids.
 
         `reserve`: tokens per row expected to follow (sizes the first cache to avoid a regrow).
+        `share_prompts`: a prompt given to several rows (GRPO's G rollouts of one prompt) is
+        prefilled once, in its first row, and the other rows start from a copy of that cache;
+        their `prefill_tokens` do not count it, since nothing was computed for them.
         """
         if self._state is not None or self._hist:
             raise RuntimeError("Session.start may only be called once")
@@ -177,21 +182,37 @@ class Session:
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token")
         n = len(prompts)
-        self._live = list(range(n))
+        first: dict[tuple[int, ...], int] = {}
+        source = [
+            first.setdefault(tuple(p), i) if share_prompts else i for i, p in enumerate(prompts)
+        ]
+        unique = sorted(set(source))
         self._hist = [[] for _ in range(n)]
         self._sampled = [[] for _ in range(n)]
         self._logprobs = [[] for _ in range(n)]
         self._prefill = [0] * n
-        batch = _pow2(n, self._batch_min)
         longest = max(len(p) for p in prompts)
-        first_chunk = self._chunk_bucket(longest)
         first_decode = min(reserve, self.buckets.decode_steps) + 1 if reserve > 0 else 0
-        want = max(first_chunk, longest + first_decode)
-        traj = np.full((batch,), -1, np.int32)
-        traj[:n] = np.arange(n)
+        capacity = self._cache_bucket(max(self._chunk_bucket(longest), longest + first_decode))
+        self._live = unique
+        traj = np.full((self._batch_bucket(unique),), -1, np.int32)
+        traj[: len(unique)] = unique
         with models.use_mesh(self.mesh):
-            self._state = core.init_state(self.cfg, self._cache_bucket(want), traj)
-        self._append(dict(enumerate(prompts)))
+            self._state = core.init_state(self.cfg, capacity, traj)
+        self._append({r: prompts[r] for r in unique})
+        if len(unique) < n:
+            slot = {r: i for i, r in enumerate(unique)}
+            batch = self._batch_bucket(prompts)
+            traj = np.full((batch,), -1, np.int32)
+            traj[:n] = np.arange(n)
+            idx = self._index([slot[s] for s in source], batch)
+            self._state = self._in_mesh(core.gather_rows, self.cfg, self._state, idx, traj)
+            for r, s in enumerate(source):
+                if r != s:
+                    self._hist[r] = list(prompts[r])
+                    self._sampled[r] = [False] * len(prompts[r])
+                    self._logprobs[r] = [float("nan")] * len(prompts[r])
+            self._live = list(range(n))
         return list(range(n))
 
     def decode_turn(
@@ -235,6 +256,7 @@ class Session:
                 state, res = core.decode(
                     self.cfg, self._mode, steps, self.params, state, self._key,
                     self._temperature, self._top_k, self._top_p, bud, stop_arr,
+                    kv_len=self._kv_bucket(state, slot_rows, steps + 1),
                 )  # fmt: skip
                 return state, tuple(np.asarray(x) for x in jax.device_get(res))
 
@@ -315,6 +337,14 @@ class Session:
                 )
             size = min(size, self.max_len)
         return size
+
+    def _kv_bucket(
+        self, state: core.RolloutState, slot_rows: Sequence[int | None], new: int
+    ) -> int:
+        """Cache slots the next program must attend over: every row's tokens plus `new` writes,
+        rounded up to a power of two (>= cache_min) so that few programs are compiled."""
+        longest = max((len(self._hist[r]) for r in slot_rows if r is not None), default=0)
+        return min(_pow2(longest + new, self.buckets.cache_min), state.capacity)
 
     def _index(self, slots: Sequence[int], size: int) -> np.ndarray:
         """Slot indices padded to `size` with an out-of-range index (= empty row / dropped)."""
@@ -407,7 +437,10 @@ class Session:
                         toks[i, : len(part)] = part
                         lens[i] = len(part)
                 self.stats["prefill_padded_tokens"] += toks.size
-                return core.prefill(self.cfg, self.params, state, toks, lens), (lens,)
+                kv_len = self._kv_bucket(state, slot_rows, t)
+                return core.prefill(self.cfg, self.params, state, toks, lens, kv_len=kv_len), (
+                    lens,
+                )
 
             self._run(rows, {}, t, chunk)
             for r in rows:
