@@ -146,9 +146,19 @@ def format_table(summary: dict[str, Any]) -> str:
 
 def model_episodes(
     config: Any, entries: Sequence[bfcl.Entry], model: tuple[Any, Any], tokenizer: Any, mesh: Any
-) -> list[bfcl.Episode]:
+) -> list[bfcl.Episode | None]:
     """Runs the model on `entries` with the RL rollout machinery (KV cache kept across turns),
-    `eval.batch_size` entries at a time, one trajectory each."""
+    `eval.batch_size` entries at a time, one trajectory each. Multi-process: each process runs
+    the environments of its share of every batch; the others' entries are None here."""
+    return [
+        e for ro in _model_rollouts(config, entries, model, tokenizer, mesh) for e in ro.episodes
+    ]
+
+
+def _model_rollouts(
+    config: Any, entries: Sequence[bfcl.Entry], model: tuple[Any, Any], tokenizer: Any, mesh: Any
+) -> list[Any]:
+    """`rl.rollout.Rollouts` of `entries`, `eval.batch_size` (0 = all) entries at a time."""
     import numpy as np
 
     from rcgrpo_jax.rl.advantages import NONE
@@ -164,14 +174,12 @@ def model_episodes(
         max_steps_per_turn=int(_cfg(config, "env.max_steps_per_turn", bfcl.MAX_STEPS_PER_TURN)),
     )
     size = int(_cfg(config, "eval.batch_size", 0)) or len(entries)
-    episodes: list[bfcl.Episode] = []
+    out = []
     for i in range(0, len(entries), size):
         chunk = entries[i : i + size]
         tokens = np.full((len(chunk), 1), NONE if token is None else int(token), np.int32)
-        episodes += collect(
-            cfg, params, tokenizer, chunk, tokens, settings, seed=i, mesh=mesh
-        ).episodes
-    return episodes
+        out.append(collect(cfg, params, tokenizer, chunk, tokens, settings, seed=i, mesh=mesh))
+    return out
 
 
 def success_rate(
@@ -183,8 +191,12 @@ def success_rate(
 
     c = ml_collections.ConfigDict(config.to_dict())
     c.eval.reward_token = reward_token
-    episodes = model_episodes(c, entries, model, tokenizer, mesh)
-    return sum(e.result().reward for e in episodes) / max(len(episodes), 1)
+    rewards = [
+        float(x)
+        for ro in _model_rollouts(c, entries, model, tokenizer, mesh)
+        for x in ro.rewards[:, 0]
+    ]  # every entry's reward, whichever process ran it
+    return sum(rewards) / max(len(rewards), 1)
 
 
 def run(
@@ -223,7 +235,16 @@ def run(
     start = time.perf_counter()
     entries = select_entries(split, categories, int(_cfg(config, "eval.max_entries", 0)))
     if use_rollouts:
-        episodes = model_episodes(config, entries, model, tokenizer, mesh)
+        from rcgrpo_jax import distributed
+
+        records = []
+        for ro in _model_rollouts(config, entries, model, tokenizer, mesh):
+            mine = [
+                entry_record(e, res[0])
+                for e, res in zip(ro.episodes, ro.results, strict=True)
+                if e is not None
+            ]  # this process's entries; gathered so that process 0 writes them all
+            records += [r for part in distributed.allgather_objects(mine) for r in part]
     else:
         episodes = [
             bfcl.Episode(
@@ -235,7 +256,7 @@ def run(
             for entry in entries
         ]
         bfcl.run_episodes(episodes, policy)
-    records = [entry_record(e, e.result()) for e in episodes]
+        records = [entry_record(e, e.result()) for e in episodes]
     summary = {
         "split": split,
         "policy": policy_name,
@@ -245,6 +266,10 @@ def run(
     }
 
     out_dir = Path(_cfg(config, "workdir")) / "eval" / f"{split}-{policy_name}"
+    import jax
+
+    if jax.process_index() != 0:  # process 0 writes
+        return {**summary, "output_dir": str(out_dir)}
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "entries.jsonl", "w", encoding="utf-8") as f:
         for record in records:

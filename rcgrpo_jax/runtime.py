@@ -75,11 +75,17 @@ def tokenizer_from_config(config: ml_collections.ConfigDict, model_path: str = "
 
     path = config.tokenizer_path or model_path or config.model.hf_path
     if not path and config.env.benchmark == "synthetic":
+        from rcgrpo_jax import distributed
         from rcgrpo_jax.envs import tiny_tokenizer
 
         tasks = task_entries(config, "train")
         vocab = int(config.model.arch.vocab_size)
-        return tiny_tokenizer.load_or_train(Path(config.workdir), tasks, vocab_size=vocab)
+        train = lambda: tiny_tokenizer.load_or_train(Path(config.workdir), tasks, vocab_size=vocab)
+        # Multi-process: process 0 trains and writes it; the others then load that one (or, on a
+        # workdir that is not shared, train the same deterministic tokenizer themselves).
+        tokenizer = train() if distributed.is_main_process() else None
+        distributed.barrier("rcgrpo_tiny_tokenizer")
+        return tokenizer if tokenizer is not None else train()
     if not path:
         raise UserError("no tokenizer: set tokenizer_path or model.hf_path")
     if not Path(path).is_dir():

@@ -7,6 +7,12 @@ One RL iteration, read top to bottom:
 4. `rl.epochs` × `rl.minibatches` fused train steps over whole groups (advantages in the step);
 5. log, evaluate every `rl.eval_every` iterations (RC-GRPO: conditioned on `<|high_reward|>`),
    checkpoint every `rl.checkpoint_every`; at the end export an HF directory and plot dynamics.
+
+Multi-process, every process runs this same loop (SPMD): the sampler and the train step are
+programs over the global mesh; each process runs the environment of its own share of the rows
+(`rl.rollout`); each process places its own shards of the (identical) host batch, so every row
+is in the step exactly once; checkpoints are saved by all processes together; process 0 alone
+writes metrics, rollouts.jsonl, the export, the plot and the summary.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from rcgrpo_jax import models, runtime
+from rcgrpo_jax import distributed, models, runtime
 from rcgrpo_jax.eval import success_rate
 from rcgrpo_jax.rl.advantages import HIGH, NONE, degenerate_groups, sample_reward_tokens
 from rcgrpo_jax.rl.losses import PolicyLossConfig, summarize
@@ -32,6 +38,7 @@ from rcgrpo_jax.train.metrics import MetricsWriter
 from rcgrpo_jax.train.optim import OptimConfig, make_optimizer, make_schedule
 from rcgrpo_jax.train.state import (
     abstract_train_state,
+    batch_sharding,
     init_train_state,
     state_shardings,
 )
@@ -75,11 +82,17 @@ def _minibatches(batch: dict[str, np.ndarray], n: int) -> list[dict[str, np.ndar
     return [{k: v[i * size : (i + 1) * size] for k, v in batch.items()} for i in range(n)]
 
 
-def _ref_logprobs(cfg, params, batch) -> np.ndarray:
+def _ref_logprobs(cfg, params, batch, mesh) -> np.ndarray:
     p, g, t = batch["tokens"].shape
-    flat = {k: batch[k].reshape(p * g, t) for k in ("tokens", "positions", "segments")}
-    out = sequence_logprobs(cfg, params, flat["tokens"], flat["positions"], flat["segments"])
-    return np.asarray(out, np.float32).reshape(p, g, t)
+    flat = [_global(batch[k].reshape(p * g, t), mesh) for k in ("tokens", "positions", "segments")]
+    out = sequence_logprobs(cfg, params, *flat)
+    return distributed.host_array(out).astype(np.float32).reshape(p, g, t)
+
+
+def _global(x: np.ndarray, mesh) -> jax.Array:
+    """The host array (the same on every process) as a global array sharded like a train batch:
+    each process places only its own shards. In a single process: what `shard_batch` makes."""
+    return distributed.global_from_host(x, batch_sharding(mesh, x.shape))
 
 
 def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -142,7 +155,8 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         desc=algo,
         bar_keys=("reward_mean", "degenerate_frac", "eval_success"),
     )
-    rollout_log = open(workdir / "rollouts.jsonl", "a", buffering=1)  # noqa: SIM115
+    main = distributed.is_main_process()
+    rollout_log = open(workdir / "rollouts.jsonl", "a", buffering=1) if main else None  # noqa: SIM115
     history = []
     try:
         for it in range(start, int(rl.steps)):
@@ -160,19 +174,21 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             )
             batch = ro.batch()
             if ref_params is not None:
-                batch["ref_logprobs"] = _ref_logprobs(cfg, ref_params, batch)
+                batch["ref_logprobs"] = _ref_logprobs(cfg, ref_params, batch, mesh)
             t0 = time.perf_counter()
             step_metrics = []
             for _ in range(int(rl.epochs)):
                 for mb in _minibatches(batch, int(rl.minibatches)):
-                    state, m = step_fn(state, mb)
-                    step_metrics.append(jax.device_get(m))
+                    state, m = step_fn(state, {k: _global(v, mesh) for k, v in mb.items()})
+                    step_metrics.append(distributed.host_tree(m))
             update_s = time.perf_counter() - t0
             record = _iteration_record(step_metrics, ro, update_s)
-            rollout_log.write(json.dumps({
-                "iteration": it + 1, "entry_ids": [e.id for e in entries],
-                "reward_token": ro.reward_token.tolist(), "rewards": ro.rewards.tolist(),
-            }) + "\n")  # fmt: skip
+            if rollout_log is not None:
+                rollout_log.write(json.dumps({
+                    "iteration": it + 1, "entry_ids": [e.id for e in entries],
+                    "reward_token": ro.reward_token.tolist(), "rewards": ro.rewards.tolist(),
+                    "env_process": ro.env_process.tolist(),
+                }) + "\n")  # fmt: skip
             if rl.eval_every and ((it + 1) % int(rl.eval_every) == 0 or it + 1 == int(rl.steps)):
                 record["eval_success"] = success_rate(
                     config, (cfg, state.params), tokenizer, mesh, test_pool, eval_token
@@ -183,18 +199,27 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     finally:
         ckpt.close()
         writer.close()
-        rollout_log.close()
+        if rollout_log is not None:
+            rollout_log.close()
 
     export = workdir / "export"
-    models.save_hf(export, cfg, state.params, tokenizer=tokenizer)
-    plots.plot_metrics({algo: workdir / "metrics.jsonl"}, DYNAMICS_KEYS, workdir / "dynamics.png")
+    # every process takes part in gathering params sharded over several processes
+    final = (
+        state.params if distributed.process_count() == 1 else distributed.host_tree(state.params)
+    )
     summary = {
         "stage": algo,
         "iterations": int(rl.steps),
         "export": str(export),
         "final": history[-1] if history else {},
     }
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    if main:
+        models.save_hf(export, cfg, final, tokenizer=tokenizer)
+        plots.plot_metrics(
+            {algo: workdir / "metrics.jsonl"}, DYNAMICS_KEYS, workdir / "dynamics.png"
+        )
+        (workdir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    distributed.barrier("rcgrpo_rl_outputs")  # the outputs exist when any process returns
     return summary
 
 

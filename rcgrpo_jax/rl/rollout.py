@@ -4,6 +4,13 @@ Every trajectory is an `Episode` of the environment (text in, messages out) driv
 a sampler `Session`. After each assistant step, only the tokens that follow it (tool results, the
 next user message, the generation prompt) are appended to that row's cache; the sampled tokens
 stay exactly as sampled, so the training sequence is the sequence the policy conditioned on.
+
+Multi-process (SPMD): the sampler is one program over the global mesh, driven by identical host
+control on every process; the environment is not. Each process creates, steps and scores only the
+`Episode`s of its own contiguous share of the P × G rows (`distributed.process_rows`), then the
+per-row outcomes (prompt ids, appended tokens, finished/truncated, reward results) are all-gathered
+so that every process holds the same host state. `Rollouts.env_process` records which process ran
+each row's environment. In a single process nothing is gathered.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from rcgrpo_jax import distributed
 from rcgrpo_jax.envs import prompts
 from rcgrpo_jax.envs.episode import Episode
 from rcgrpo_jax.envs.reward import RewardResult
@@ -45,8 +53,11 @@ class Rollouts:
     rewards: np.ndarray  # [P, G] float32
     reward_token: np.ndarray  # [P, G] int32 (HIGH / LOW / NONE)
     results: list[list[RewardResult]]
-    episodes: list[Episode]  # P*G, row-major: the conversations and decoded calls
+    # P*G, row-major: the conversations and decoded calls; multi-process: None for the rows whose
+    # environment another process ran (see env_process)
+    episodes: list[Episode | None]
     stats: dict[str, float]
+    env_process: np.ndarray | None = None  # [P, G] int32: the process that ran each environment
 
     @property
     def positions(self) -> np.ndarray:
@@ -103,14 +114,18 @@ def collect(
     p, g = reward_tokens.shape
     if len(entries) != p:
         raise ValueError(f"{len(entries)} entries for reward_tokens of shape {reward_tokens.shape}")
-    episodes = [
-        Episode(
+    n = p * g
+    owner = distributed.row_owner(n)
+    mine = distributed.process_rows(n)
+    episodes: list[Episode | None] = [None] * n
+    for r in mine:  # only this process's environments exist here
+        i, j = divmod(r, g)
+        episodes[r] = Episode(
             entries[i], settings.chat_format, max_steps_per_turn=settings.max_steps_per_turn,
             reward_token=None if int(reward_tokens[i, j]) == NONE else int(reward_tokens[i, j]),
-        )
-        for i in range(p) for j in range(g)
-    ]  # fmt: skip
-    start = [prompts.prompt_ids(tokenizer, e.messages, e.tools) for e in episodes]
+        )  # fmt: skip
+    local = [prompts.prompt_ids(tokenizer, episodes[r].messages, episodes[r].tools) for r in mine]
+    start = [ids for part in distributed.allgather_rows(local) for ids in part]  # row order
     too_long = [i for i, s in enumerate(start) if len(s) >= settings.max_len]
     if too_long:
         raise ValueError(
@@ -132,7 +147,7 @@ def collect(
     )  # fmt: skip
     session.start(start, reserve=settings.max_new_tokens)
     length = [len(s) for s in start]
-    truncated = [False] * len(episodes)
+    truncated = [False] * n
     assistant_steps = 0
     while session.live_rows:
         # 2 slots of headroom: the sampler writes one padding token after a row's last token
@@ -147,44 +162,60 @@ def collect(
         rows = session.live_rows
         if not rows:
             break
-        out = session.decode_turn({r: budget[r] for r in rows}, stops)
-        done, appends = [], {}
+        out = session.decode_turn({r: budget[r] for r in rows}, stops)  # every row, everywhere
         for r in rows:
+            length[r] += len(out.tokens[r])
+        assistant_steps += len(rows)
+        # The environment steps this process's rows; each reports [status, *tokens to append].
+        reports = []
+        for r in rows:
+            if owner[r] != distributed.process_index():
+                continue
             toks = out.tokens[r]
-            length[r] += len(toks)
             text_ids = toks[:-1] if out.stopped[r] else toks
             step = episodes[r].step(tokenizer.decode(text_ids, skip_special_tokens=False))
-            assistant_steps += 1
             if step.done:
-                done.append(r)
+                reports.append([_DONE])
                 continue
             # an unfinished message is closed by the template: the model did not sample that
             more = ([] if out.stopped[r] else [eot]) + continuation_ids(tokenizer, episodes[r])
             if length[r] + len(more) + 2 >= settings.max_len:
-                truncated[r] = True
-                done.append(r)
+                reports.append([_TRUNCATED])
                 continue
-            appends[r] = more
-            length[r] += len(more)
+            reports.append([_APPEND, *more])
+        gathered = distributed.allgather_rows(reports)
+        by_process = [iter(part) for part in gathered]
+        done, appends = [], {}
+        for r in rows:  # every process lists its rows in this same order
+            status, *more = next(by_process[owner[r]])
+            if status == _APPEND:
+                appends[r] = more
+                length[r] += len(more)
+                continue
+            truncated[r] = truncated[r] or status == _TRUNCATED
+            done.append(r)
         session.finish(done)
         session.append(appends)
     rollout_s = time.perf_counter() - t0
     return _pack(
-        session, episodes, reward_tokens, truncated, entries, settings, rollout_s, assistant_steps
-    )
+        session, episodes, reward_tokens, truncated, entries, settings, rollout_s, assistant_steps,
+        owner,
+    )  # fmt: skip
 
 
-def _pack(session, episodes, reward_tokens, truncated, entries, settings, rollout_s, steps):
+_APPEND, _DONE, _TRUNCATED = 0, 1, 2  # per-row environment outcomes of one assistant step
+
+
+def _pack(session, episodes, reward_tokens, truncated, entries, settings, rollout_s, steps, owner):
     p, g = reward_tokens.shape
     t = settings.max_len
     tokens = np.zeros((p, g, t), np.int32)
     segments = np.zeros((p, g, t), np.int32)
     loss_mask = np.zeros((p, g, t), np.int32)
     old = np.zeros((p, g, t), np.float32)
-    results = [[None] * g for _ in range(p)]
     rewards = np.zeros((p, g), np.float32)
     sampled_tokens = 0
-    for r, episode in enumerate(episodes):
+    for r in range(p * g):
         i, j = divmod(r, g)
         traj = session.trajectory(r)
         n = len(traj.tokens)
@@ -194,9 +225,15 @@ def _pack(session, episodes, reward_tokens, truncated, entries, settings, rollou
         loss_mask[i, j, :n] = mask
         old[i, j, :n] = np.where(mask, np.nan_to_num(np.asarray(traj.logprobs, np.float32)), 0.0)
         sampled_tokens += int(mask.sum())
-        result = episode.result()
-        results[i][j] = result
-        rewards[i, j] = result.reward
+    # Rewards come from the process that ran the row's environment.
+    local = [e.result() for e in episodes if e is not None]
+    if distributed.process_count() > 1:
+        fields = [dataclasses.asdict(x) for x in local]
+        local = [RewardResult(**d) for part in distributed.allgather_objects(fields) for d in part]
+    results = [local[i * g : (i + 1) * g] for i in range(p)]
+    for i in range(p):
+        for j in range(g):
+            rewards[i, j] = results[i][j].reward
     prefill = session.prefill_tokens
     stats = {
         "rollout_s": rollout_s,
@@ -211,4 +248,5 @@ def _pack(session, episodes, reward_tokens, truncated, entries, settings, rollou
         tokens=tokens, segments=segments, loss_mask=loss_mask, old_logprobs=old,
         rewards=rewards, reward_token=np.asarray(reward_tokens, np.int32), results=results,
         episodes=list(episodes), stats=stats,
+        env_process=np.asarray(owner, np.int32).reshape(p, g),
     )  # fmt: skip

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from rcgrpo_jax import models
+from rcgrpo_jax import distributed, models
 from rcgrpo_jax.models.config import ModelConfig
 from rcgrpo_jax.sampling import core
 
@@ -258,7 +258,7 @@ class Session:
                     self._temperature, self._top_k, self._top_p, bud, stop_arr,
                     kv_len=self._kv_bucket(state, slot_rows, steps + 1),
                 )  # fmt: skip
-                return state, tuple(np.asarray(x) for x in jax.device_get(res))
+                return state, tuple(distributed.host_tree(tuple(res)))  # gathered if sharded
 
             # +1: after its last token a row keeps writing padding at its end until all stop.
             extra = {r: min(budget[r], steps) + 1 for r in running}
