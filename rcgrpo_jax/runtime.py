@@ -90,7 +90,25 @@ def tokenizer_from_config(config: ml_collections.ConfigDict, model_path: str = "
         raise UserError("no tokenizer: set tokenizer_path or model.hf_path")
     if not Path(path).is_dir():
         raise UserError(f"tokenizer path {path!r} does not exist")
+    if _plain_fast_tokenizer(Path(path)):
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(path)
     return AutoTokenizer.from_pretrained(path)
+
+
+def _plain_fast_tokenizer(directory: Path) -> bool:
+    """Whether `directory` declares a plain fast tokenizer (its tokenizer.json is all of it; the
+    tiny demo's, saved with every stage's export). Such a one is loaded as it was saved:
+    AutoTokenizer would rebuild it as the class of the config.json beside it (transformers 5
+    does so for qwen2 configs), whose pre-tokenizer splits text differently from training."""
+    import json
+
+    file = directory / "tokenizer_config.json"
+    if not file.is_file():
+        return False
+    declared = json.loads(file.read_text()).get("tokenizer_class")
+    return declared in ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def ensure_reward_tokens(cfg, params, tokenizer, mesh=None):

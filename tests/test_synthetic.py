@@ -202,6 +202,29 @@ def test_special_tokens_are_single_ids(tok):
     assert reward_ids[0] in tok.encode(text, add_special_tokens=False)
 
 
+def test_syllables_are_not_in_the_fixed_text(tasks):
+    """Name syllables occur only inside names: the prompt, docs and templates stay whole."""
+    for split in ("train", "test"):
+        for entry in tasks[split]:
+            names = re.compile(r"\b(" + "|".join(sorted(names_in(entry))) + r")\b")
+            for policy in (policies.ground_truth, policies.empty, synthetic.act_without_looking):
+                text = tiny_tokenizer.render(synthetic.play(entry, policy).messages)
+                fixed = names.sub("#", text)
+                assert not [s for s in synthetic.SYLLABLES if s in fixed], entry.id
+
+
+def test_names_are_syllable_ids_in_every_context(tok, tasks):
+    """A name is the same two ids in an instruction, a tool result, a file's text or a call."""
+    ids = {s: tok.encode(s, add_special_tokens=False) for s in synthetic.SYLLABLES}
+    assert all(len(v) == 1 for v in ids.values()) and len({v[0] for v in ids.values()}) == len(ids)
+    by_id = {v[0]: s for s, v in ids.items()}
+    pattern = re.compile("|".join(synthetic.SYLLABLES))
+    for messages in conversations(tasks):
+        text = prompts.render_text(tok, messages)
+        got = [by_id[i] for i in tok.encode(text, add_special_tokens=False) if i in by_id]
+        assert got == pattern.findall(text)
+
+
 def test_loss_mask_is_exactly_the_assistant_spans(tok, tasks):
     eot = tiny_tokenizer.END_OF_TURN
     for messages in list(conversations(tasks))[::7]:
@@ -235,6 +258,25 @@ def test_conversations_fit_the_token_budget(tok, tasks):
         assert lens[-1] <= 700
     # held-out names are split like training names: no blow-up on the test split
     assert statistics.median(lengths["test"]) <= 1.3 * statistics.median(lengths["train"])
+
+
+def test_tokenizer_saved_with_a_qwen2_export_loads_as_saved(tok, tasks, tmp_path):
+    """A stage's export holds the tokenizer beside a qwen2 config.json; AutoTokenizer alone
+    would rebuild it as Qwen2Tokenizer (another pre-tokenizer), so RL arms read other ids."""
+    import ml_collections
+
+    from rcgrpo_jax import runtime
+
+    tok.save_pretrained(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    c = ml_collections.ConfigDict(
+        {"tokenizer_path": "", "model": {"hf_path": ""}, "env": {"benchmark": "synthetic"}}
+    )
+    loaded = runtime.tokenizer_from_config(c, str(tmp_path))
+    text = prompts.render_text(tok, next(conversations(tasks)))
+    assert loaded.encode(text, add_special_tokens=False) == tok.encode(
+        text, add_special_tokens=False
+    )
 
 
 def test_tokenizer_is_cached_and_deterministic(tok, tasks, tmp_path):

@@ -29,6 +29,7 @@ from typing import Any
 
 from rcgrpo_jax.envs import policies, prompts
 from rcgrpo_jax.envs.entries import Entry
+from rcgrpo_jax.envs.synthetic import SYLLABLES, act_without_looking, play
 
 ROLE_TOKENS = {
     "system": "<|system|>",
@@ -39,8 +40,11 @@ ROLE_TOKENS = {
 END_OF_TURN = "<|end|>"  # one of `prompts._END_OF_TURN`
 UNK, PAD = "<unk>", "<pad>"
 SPECIAL_TOKENS = (*ROLE_TOKENS.values(), END_OF_TURN, *prompts.REWARD_TOKENS.values())
-# Frequent characters that SentencePiece would otherwise only reach through byte fallback.
-EXTRA_SYMBOLS = ("\n",)
+# Frequent characters that SentencePiece would otherwise only reach through byte fallback, and
+# the syllables of the synthetic tasks' names: one piece each, never merged with their
+# neighbours, so a name tokenizes the same in every context (and held-out names like training
+# ones).
+EXTRA_SYMBOLS = ("\n", *SYLLABLES)
 
 # <|role|>content<|end|> per message; tool names are not shown (one result per call, in order).
 CHAT_TEMPLATE = (
@@ -61,8 +65,6 @@ _SP_MODEL = "tiny.model"
 def corpus(tasks: Sequence[Entry], perturbed_every: int = 4) -> list[str]:
     """Training text: the ground-truth conversation of every task with alternating reward
     tokens, plus empty and act-without-looking conversations of every `perturbed_every`-th."""
-    from rcgrpo_jax.envs.synthetic import act_without_looking, play
-
     texts = []
     for i, task in enumerate(tasks):
         runs = [(policies.ground_truth, i % 2)]
