@@ -211,6 +211,9 @@ def test_fused_step_equal_on_two_meshes_and_compiles_once(params):
         assert step.jitted._cache_size() == 1  # one program for every step
         results.append((losses, jax.tree.map(np.asarray, state.params)))
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
+    # The meshes reduce in different orders, and Adam divides each gradient by its own scale, so
+    # an element whose gradient is at rounding level can move by more than rounding: allow 0.1%
+    # of the largest movement 3 steps can make (3 x lr 1e-2). A real sharding bug is O(lr).
     jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), results[0][1], results[1][1]
+        lambda a, b: np.testing.assert_allclose(a, b, atol=3e-5), results[0][1], results[1][1]
     )
