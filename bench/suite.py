@@ -68,6 +68,7 @@ MODES = {
         new=32,
         repeats=1,
         rollout=True,
+        rollout_len=(192, 320),
         peak_n=1024,
         pf=(8, 128, 16, 16, 4),
     ),
@@ -79,6 +80,7 @@ MODES = {
         new=64,
         repeats=2,
         rollout=True,
+        rollout_len=(512, 1024),  # BFCL prompts are ~1k-4.5k tokens
         peak_n=2048,
         pf=(8, 128, 16, 16, 8),
     ),
@@ -90,6 +92,7 @@ MODES = {
         new=64,
         repeats=3,
         rollout=True,
+        rollout_len=(1024, 1536),  # + 3 turns stays within 2048 positions
         peak_n=8192,
         pf=(8, 512, 64, 64, 8),
     ),
@@ -627,7 +630,8 @@ def main(argv=None) -> int:
 
     # ---- 3-turn group rollout: cache continuation vs re-prefill
     if mode["rollout"]:
-        rplan = sb.rollout_plan()
+        lo, hi = mode["rollout_len"]
+        rplan = sb.rollout_plan(prompt_len=(lo, hi))
         sb.ours_rollout(cfg_dec, params_dec, rplan)  # warm-up
         t_o, (gen_o, pre_o) = sb.best_time(lambda: sb.ours_rollout(cfg_dec, params_dec, rplan), 1)
         t_h = gen_h = pre_h = None
@@ -637,7 +641,7 @@ def main(argv=None) -> int:
         n_traj = len(rplan[0])
         add(
             (
-                f"3-turn group rollout, {n_traj} trajectories",
+                f"3-turn group rollout, {n_traj} trajectories, {lo}-{hi}-token prompts",
                 fmt_rate(gen_o / t_o),
                 fmt_rate(gen_h / t_h if t_h else None),
                 fmt_ratio(r),
