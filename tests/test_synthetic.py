@@ -165,6 +165,23 @@ def test_acting_needs_what_was_observed(tasks):
         assert not any(t and t in entry.question[0][0]["content"] for t in targets), entry.id
 
 
+def test_top_file_templates_put_the_name_last_in_the_listing():
+    """The fixed-offset templates (rename_top, copy_top, count_top) obey the same rules as the
+    others, and the file acted on is the last item `ls` lists, so the call that copies it
+    follows it at the same token distance in every task."""
+    kw = dict(templates=("rename_top", "copy_top", "count_top"), turns=(1, 1))
+    top = {s: synthetic.make_tasks(s, 6, seed=3, **kw) for s in ("train", "test")}
+    test_reference_policies_through_episode(top)
+    test_acting_needs_what_was_observed(top)
+    for entry in top["train"] + top["test"]:
+        messages = synthetic.play(entry, policies.ground_truth).messages
+        listing = next(m["content"] for m in messages if m["role"] == "tool")
+        act = [m["content"] for m in messages if m["role"] == "assistant"][1]
+        (call,) = extract_calls(act, "python")
+        target = next(iter(parse_call(call).kwargs.values()))  # source= / file_name=
+        assert listing.endswith(f'"{target}"]}}'), (entry.id, listing, call)
+
+
 # ---------------------------------------------------------------------------------------------
 # Tokenizer
 

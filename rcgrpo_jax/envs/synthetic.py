@@ -375,11 +375,67 @@ def copy_as(ctx: _Ctx) -> Turn | None:
     return text, [_nav(_cwd(ctx.fs), path) + [_call("cp", source=name, destination=new)]]
 
 
+def _top_file(ctx: _Ctx) -> tuple[Path, list[str], str] | None:
+    """The top folder's only file and the look-up that lists it last (a fixed copy distance).
+
+    `ls` at the top lists the folders first and the file last, so the file's name is always
+    followed by the same tokens (its extension, the list's end, end-of-message, the assistant
+    header, the call's opening): the tiny model can learn to copy it at a fixed offset."""
+    files = _files(ctx.fs, ())
+    if len(files) != 1 or list(_node(ctx.fs, ()).contents)[-1] != files[0]:
+        return None
+    look = ([_call("cd", folder="/")] if _cwd(ctx.fs) else []) + [_call("ls")]
+    return (), look, files[0]
+
+
+def rename_top(ctx: _Ctx) -> Turn | None:
+    """Rename the file at the top (listed last by `ls`) to a new name given at the end."""
+    found = _top_file(ctx)
+    if found is None:
+        return None
+    path, look, target = found
+    new = f"{ctx.take()}.{_ext(target)}"
+    text = ctx.rng.choice(
+        (f"Rename the file at the top to '{new}'.", f"Give the top file the new name '{new}'.")
+    )
+    ctx.focus = (path, new)
+    return text, [look, [_call("mv", source=target, destination=new)]]
+
+
+def copy_top(ctx: _Ctx) -> Turn | None:
+    """Copy the file at the top (listed last by `ls`) to a new name given at the end."""
+    found = _top_file(ctx)
+    if found is None:
+        return None
+    path, look, target = found
+    new = f"{ctx.take()}.{_ext(target)}"
+    text = ctx.rng.choice(
+        (f"Copy the file at the top to '{new}'.", f"Make a copy of the top file named '{new}'.")
+    )
+    ctx.focus = (path, target)
+    return text, [look, [_call("cp", source=target, destination=new)]]
+
+
+def count_top(ctx: _Ctx) -> Turn | None:
+    """Count the words or lines of the file at the top (listed last by `ls`)."""
+    found = _top_file(ctx)
+    if found is None:
+        return None
+    path, look, target = found
+    unit, mode = ctx.rng.choice((("words", "w"), ("lines", "l")))
+    text = f"How many {unit} are in the file at the top?"
+    ctx.focus = (path, target)
+    return text, [look, [_call("wc", file_name=target, mode=mode)]]
+
+
 MAIN_TEMPLATES: dict[str, Callable[[_Ctx], Turn | None]] = {
     "copy_found": copy_found,
     "move_by_content": move_by_content,
     "rename_by_ext": rename_by_ext,
     "clone_text": clone_text,
+    "rename_top": rename_top,
+    "copy_top": copy_top,
+    "count_top": count_top,
 }
 FOLLOWUP_TEMPLATES: dict[str, Callable[[_Ctx], Turn | None]] = {
     "delete_original": delete_original,
