@@ -132,13 +132,8 @@ def attention_out(cfg: ModelConfig, p: dict[str, jax.Array], out: jax.Array) -> 
 
 
 def mlp(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
-    """SwiGLU. `p` holds w_gate and w_up, or both stacked as w_gate_up [E, 2, F]."""
     cd = cfg.compute_dtype
-    if "w_gate_up" in p:
-        gate, up = jnp.unstack(jnp.einsum("bte,ecf->btcf", x, p["w_gate_up"].astype(cd)), axis=2)
-    else:
-        gate, up = x @ p["w_gate"].astype(cd), x @ p["w_up"].astype(cd)
-    hidden = jax.nn.silu(gate) * up
+    hidden = jax.nn.silu(x @ p["w_gate"].astype(cd)) * (x @ p["w_up"].astype(cd))
     hidden = constrain(hidden, ("act_batch", "act_len", "act_mlp"))
     return hidden @ p["w_down"].astype(cd)
 

@@ -88,15 +88,7 @@ def split_layers(cfg: ModelConfig, params: models.Params) -> dict[str, Any]:
         )
         for i in range(cfg.num_layers)
     )
-    return {**params, "layers": tuple(_fuse_mlp(layer) for layer in layers)}
-
-
-def _fuse_mlp(layer: dict[str, Any]) -> dict[str, Any]:
-    """Gate and up projections stacked [E, 2, F] (sharded as each was): one dot per decode step
-    instead of two, which at decode's few rows is what the step time is made of."""
-    m = layer["mlp"]
-    fused = constrain(jnp.stack([m["w_gate"], m["w_up"]], axis=1), ("embed", None, "mlp"))
-    return {**layer, "mlp": {"w_gate_up": fused, "w_down": m["w_down"]}}
+    return {**params, "layers": layers}
 
 
 def _write(buf: jax.Array, chunk: jax.Array, start: jax.Array, axis: int) -> jax.Array:
