@@ -388,32 +388,28 @@ def _top_file(ctx: _Ctx) -> tuple[Path, list[str], str] | None:
     return (), look, files[0]
 
 
-def rename_top(ctx: _Ctx) -> Turn | None:
-    """Rename the file at the top (listed last by `ls`) to a new name given at the end."""
+def _top_to_new_name(ctx: _Ctx, function: str, texts: tuple[str, str]) -> Turn | None:
+    """`function(source=<top file>, destination=<new name>)`; `texts` take the new name."""
     found = _top_file(ctx)
     if found is None:
         return None
     path, look, target = found
     new = f"{ctx.take()}.{_ext(target)}"
-    text = ctx.rng.choice(
-        (f"Rename the file at the top to '{new}'.", f"Give the top file the new name '{new}'.")
-    )
-    ctx.focus = (path, new)
-    return text, [look, [_call("mv", source=target, destination=new)]]
+    text = ctx.rng.choice(tuple(t.format(new=new) for t in texts))
+    ctx.focus = (path, new if function == "mv" else target)
+    return text, [look, [_call(function, source=target, destination=new)]]
+
+
+def rename_top(ctx: _Ctx) -> Turn | None:
+    """Rename the file at the top (listed last by `ls`) to a new name given at the end."""
+    texts = ("Rename the file at the top to '{new}'.", "Give the top file the new name '{new}'.")
+    return _top_to_new_name(ctx, "mv", texts)
 
 
 def copy_top(ctx: _Ctx) -> Turn | None:
     """Copy the file at the top (listed last by `ls`) to a new name given at the end."""
-    found = _top_file(ctx)
-    if found is None:
-        return None
-    path, look, target = found
-    new = f"{ctx.take()}.{_ext(target)}"
-    text = ctx.rng.choice(
-        (f"Copy the file at the top to '{new}'.", f"Make a copy of the top file named '{new}'.")
-    )
-    ctx.focus = (path, target)
-    return text, [look, [_call("cp", source=target, destination=new)]]
+    texts = ("Copy the file at the top to '{new}'.", "Make a copy of the top file named '{new}'.")
+    return _top_to_new_name(ctx, "cp", texts)
 
 
 def count_top(ctx: _Ctx) -> Turn | None:

@@ -209,9 +209,7 @@ class Session:
             self._state = self._in_mesh(core.gather_rows, self.cfg, self._state, idx, traj)
             for r, s in enumerate(source):
                 if r != s:
-                    self._hist[r] = list(prompts[r])
-                    self._sampled[r] = [False] * len(prompts[r])
-                    self._logprobs[r] = [float("nan")] * len(prompts[r])
+                    self._record_prefilled(r, prompts[r], computed=False)
             self._live = list(range(n))
         return list(range(n))
 
@@ -444,13 +442,18 @@ class Session:
 
             self._run(rows, {}, t, chunk)
             for r in rows:
-                part = row_tokens[r][offset : offset + t]
-                self._hist[r] += part
-                self._sampled[r] += [False] * len(part)
-                self._logprobs[r] += [float("nan")] * len(part)
-                self._prefill[r] += len(part)
-                self.stats["prefill_tokens"] += len(part)
+                self._record_prefilled(r, row_tokens[r][offset : offset + t])
             offset += t
+
+    def _record_prefilled(self, row: int, toks: Sequence[int], computed: bool = True) -> None:
+        """History of tokens now in `row`'s cache that were not sampled; `computed=False` for a
+        copied shared prompt (counted in its first row's prefill only)."""
+        self._hist[row] += toks
+        self._sampled[row] += [False] * len(toks)
+        self._logprobs[row] += [float("nan")] * len(toks)
+        if computed:
+            self._prefill[row] += len(toks)
+            self.stats["prefill_tokens"] += len(toks)
 
     def _record(self, row: int, toks: np.ndarray, lps: np.ndarray) -> None:
         self._hist[row] += [int(t) for t in toks]
