@@ -47,7 +47,7 @@ class Buckets:
     """Shape buckets: each dimension is rounded up so that few distinct programs are compiled."""
 
     batch_min: int = 4  # raised to the data*fsdp mesh size when sharded
-    chunk_min: int = 16  # prefill chunk length: power of two in [chunk_min, chunk_max]
+    chunk_min: int = 16  # prefill chunk length: 2^k or 1.5 * 2^k in [chunk_min, chunk_max]
     # Longer appends are prefilled in several chunks: bounds the [B, H, T, S] attention scores
     # a chunk materialises, and the padding of ragged rows.
     chunk_max: int = 128
@@ -59,6 +59,12 @@ class Buckets:
 
 def _pow2(n: int, lo: int) -> int:
     return max(lo, 1 << max(0, int(n) - 1).bit_length())
+
+
+def _geom(n: int, lo: int) -> int:
+    """The smallest 2^k or 1.5 * 2^k >= n (and >= lo): at most 1/3 of it is padding."""
+    size = _pow2(n, lo)
+    return size * 3 // 4 if size >= 2 * lo and n <= size * 3 // 4 else size
 
 
 @dataclasses.dataclass
@@ -318,16 +324,14 @@ class Session:
         return _pow2(len(rows), self._batch_min)
 
     def _chunk_bucket(self, n: int) -> int:
-        return min(_pow2(n, self.buckets.chunk_min), self.buckets.chunk_max)
+        return min(_geom(n, self.buckets.chunk_min), self.buckets.chunk_max)
 
     def _cache_bucket(self, n: int) -> int:
         top = self.buckets.cache_geom_max
         if n > top:
             size = -(-n // top) * top
         else:
-            size = _pow2(n, self.buckets.cache_min)
-            if size >= 2 * self.buckets.cache_min and n <= size * 3 // 4:
-                size = size * 3 // 4
+            size = _geom(n, self.buckets.cache_min)
         if self.max_len is not None:
             if n > self.max_len:
                 raise CapacityError(
