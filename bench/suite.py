@@ -505,7 +505,8 @@ def main(argv=None) -> int:
         f"layers, {cfg.num_heads}/{cfg.num_kv_heads} heads, vocab {cfg.vocab_size}, "
         f"{n_params / 1e6:.1f}M params), {args.dtype} | jax {jax.__version__} on "
         f"{dev.platform} ({os.cpu_count()} host cores) | {torch_desc} | load average "
-        f"{load_start[0]:.2f}",
+        f"{load_start[0]:.2f} | GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r} "
+        "(both sides; rcgrpo_jax/host_memory.py)",
         flush=True,
     )
 
@@ -718,4 +719,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(HERE.parent))
+    from rcgrpo_jax import host_memory
+
+    host_memory.reexec([sys.executable, __file__, *sys.argv[1:]])  # huge pages: both sides
     sys.exit(main())

@@ -88,4 +88,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from rcgrpo_jax import host_memory
+
+    host_memory.reexec([sys.executable, "-m", "rcgrpo_jax.main", *sys.argv[1:]])
     app.run(main, flags_parser=parse_flags)
