@@ -15,7 +15,10 @@ def get_config():
     c.env.benchmark = "synthetic"
     c.env.synthetic.num_train = 400
     c.env.synthetic.num_test = 32
-    c.env.synthetic.difficulty.turns = (1, 2)  # (1, 3): trajectories to ~440 tokens
+    # One-turn tasks whose file is the top folder's last `ls` entry: the name the agent copies
+    # sits a fixed number of tokens back (see `synthetic._top_file`), which the tiny model learns.
+    c.env.synthetic.difficulty.turns = (1, 1)
+    c.env.synthetic.difficulty.templates = ("rename_top", "copy_top", "count_top")
     c.env.max_steps_per_turn = 6  # the ground truth needs at most 4 per turn
 
     c.model.chat_format = "python"
@@ -28,19 +31,39 @@ def get_config():
     c.model.arch.num_kv_heads = 2
     c.model.arch.head_dim = 16
     c.model.arch.max_position_embeddings = 1024
+    # RoPE base 100 instead of 10000: with head_dim 16 only the fastest pair or two of the
+    # default base tell offsets 5, 6 and 7 apart; at base 100 most pairs do, and the fixed-offset
+    # copy forms within ~300 steps (held-out name tokens 0% -> 100% accurate teacher-forced in
+    # 400 steps; at 10000 still 0% at 400, 20 also 0% at 300; measured 2026-11-30, one seed each).
+    c.model.arch.rope_theta = 100.0
 
     c.rctp.eval_entries = 32
-    c.train.steps = 150
-    c.train.batch_size = 4
-    c.train.seq_len = 512
-    c.train.checkpoint_every = 100
-    c.train.optim.lr = 5e-3
+    # Stage 1, what each arm gets: both see the same 400 golden trajectories (label 1) the same
+    # number of times (400 x 8 rows = 8 epochs for SFT; RCTP's 600 examples = 400 golden + 200
+    # label-0, 600 x 8 rows = 8 epochs), same lr, batch, rows and seed. Low-reward pool: only
+    # `premature_stop` (look, then stop without acting). On these tasks `extra_step` and
+    # `wrong_order` mostly still score 1 and act before looking (a name the model cannot see, as
+    # a high/SFT example), and `missing_step`/`wrong_arg` put unseen or swapped names in the
+    # low examples; with them the copy did not form in 400 RCTP steps.
+    c.rctp.perturbations = ("premature_stop",)
+    c.rctp.low_per_high = 0.5
+    c.rctp.max_tokens = 128  # every example used fits one row (the longest golden one: 122)
+    c.rctp.train_steps = 600  # stage `all`: RCTP's train.steps (same epochs over its 1.5x data)
+    c.train.steps = 400
+    c.train.batch_size = 8  # rows of one example each: 8x128 costs ~0.16 s, 4x512 ~0.47 s
+    c.train.seq_len = 128
+    c.train.checkpoint_every = 200
+    c.train.optim.lr = 1e-2
     c.train.optim.warmup_steps = 20
 
     c.rl.steps = 8
     c.rl.num_prompts = 8
     c.rl.group_size = 4
-    c.rl.p_high = 0.5
+    # Sampling temperature and share of high tokens: chosen by measurement on the same stage-1
+    # policies (degenerate % SFT+GRPO / RC-GRPO): T 1.0, p 0.5: 40.6 / 73.4; T 0.5, p 0.5:
+    # 34.4 / 67.2; T 0.25, p 0.5: 39.1 / 56.2; T 0.25, p 0.75: 39.1 / 40.6.
+    c.rl.p_high = 0.75
+    c.rl.temperature = 0.25
     c.rl.max_new_tokens = 32  # the longest ground-truth message is 23 tokens
     c.rl.max_len = 384  # the longest ground-truth trajectory is ~330 tokens
     c.rl.eval_every = 8

@@ -111,7 +111,10 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         config.tokenizer_path = str(workdir / "tokenizer")
     arms: dict[str, dict[str, Any]] = {"base": {"heldout_success": _base_success(config)}}
     for stage in ("sft", "rctp"):
-        s = _run_once(_sub(config, stage, stage), sft.run)
+        c = _sub(config, stage, stage)
+        if stage == "rctp" and int(config.rctp.get("train_steps", 0) or 0) > 0:
+            c.train.steps = int(config.rctp.train_steps)  # e.g. the same epochs over more data
+        s = _run_once(c, sft.run)
         got = s.get("heldout_success", {})
         arms[stage] = {
             "heldout_success": got.get("none", got.get("high")),

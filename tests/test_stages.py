@@ -33,6 +33,7 @@ OVERRIDES = {
     "train.steps": 4,
     "train.batch_size": 4,
     "train.checkpoint_every": 2,
+    "rctp.train_steps": 0,  # RCTP takes train.steps too
     "rctp.eval_entries": 4,
     "rl.steps": 2,
     "rl.num_prompts": 2,
