@@ -91,6 +91,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.rctp.heldout_entries = 0  # whole training entries kept out of the stage-1 data
     c.rctp.max_tokens = 0  # drop longer rendered trajectories (0 = no limit)
     c.rctp.eval_entries = 32  # held-out entries for the controllability report (0 = skip)
+    c.rctp.train_steps = 0  # stage `all`: RCTP's train.steps (0 = train.steps, as SFT)
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 1000

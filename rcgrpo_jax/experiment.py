@@ -112,7 +112,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     arms: dict[str, dict[str, Any]] = {"base": {"heldout_success": _base_success(config)}}
     for stage in ("sft", "rctp"):
         c = _sub(config, stage, stage)
-        if stage == "rctp" and int(config.rctp.get("train_steps", 0) or 0) > 0:
+        if stage == "rctp" and config.rctp.train_steps > 0:
             c.train.steps = int(config.rctp.train_steps)  # e.g. the same epochs over more data
         s = _run_once(c, sft.run)
         got = s.get("heldout_success", {})
