@@ -108,15 +108,16 @@ def _dense_bwd(k, out_dtype, res, g):
     del out_dtype
     x, w = res
     lead, n_out = x.ndim - k, w.ndim - k
+    g = g.astype(x.dtype)
     g_x = jax.lax.dot_general(
-        g.astype(x.dtype),
+        g,
         w,
         ((tuple(range(lead, lead + n_out)), tuple(range(k, k + n_out))), ((), ())),
         preferred_element_type=x.dtype,
     )
     g_w = jax.lax.dot_general(
         x,
-        g.astype(x.dtype),
+        g,
         ((tuple(range(lead)), tuple(range(lead))), ((), ())),
         preferred_element_type=w.dtype,
     )
