@@ -123,6 +123,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=1,
         help="torch intra-op threads (0: torch's default); 1 as bench/sampler.py",
     )
+    ap.add_argument(
+        "--scan-layers",
+        action="store_true",
+        help="train step with nn.scan over layers (default: unrolled, model.scan_layers=False)",
+    )
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch columns")
     ap.add_argument("--json", default="", help="also write rows and checks to this file")
     args = ap.parse_args(argv)
@@ -488,7 +493,7 @@ def main(argv=None) -> int:
     if bf16:
         cfg_dec = cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
         params_dec = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
-    cfg_train = cfg.replace(dtype="bfloat16") if bf16 else cfg
+    cfg_train = cfg.replace(dtype="bfloat16" if bf16 else cfg.dtype, scan_layers=args.scan_layers)
 
     dev = jax.devices()[0]
     machine = f"{cpu_model()}, {os.cpu_count()} cores"
@@ -503,7 +508,8 @@ def main(argv=None) -> int:
         f"# rcgrpo_jax benchmark suite — {datetime.date.today().isoformat()} — {machine}\n"
         f"# mode {args.mode}, shape {args.shape} (hidden {cfg.hidden_size}, {cfg.num_layers} "
         f"layers, {cfg.num_heads}/{cfg.num_kv_heads} heads, vocab {cfg.vocab_size}, "
-        f"{n_params / 1e6:.1f}M params), {args.dtype} | jax {jax.__version__} on "
+        f"{n_params / 1e6:.1f}M params), {args.dtype}, train step with layers "
+        f"{'scanned' if args.scan_layers else 'unrolled'} | jax {jax.__version__} on "
         f"{dev.platform} ({os.cpu_count()} host cores) | {torch_desc} | load average "
         f"{load_start[0]:.2f} | GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r} "
         "(both sides; rcgrpo_jax/host_memory.py)",

@@ -31,6 +31,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.dtype = "bfloat16"  # compute dtype (norms/softmax accumulate in f32 regardless)
     c.model.param_dtype = "float32"  # master weights
     c.model.remat = "none"  # none | full | dots | dots_no_batch
+    # False unrolls the layer loop: faster steps for a few layers, compile time grows with depth
+    c.model.scan_layers = True
     c.model.chat_format = "qwen"  # qwen | llama | python: how tool calls are written and parsed
     # Architecture of a randomly initialised model (used only when hf_path is empty).
     c.model.arch = ml_collections.ConfigDict(

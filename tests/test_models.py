@@ -78,11 +78,12 @@ def test_dense_vjp_equals_autodiff():
                                        rtol=tol, atol=tol)  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["qwen2_tied", "llama"])
-def test_gradients_match_transformers(hf_models, batch, tmp_path, name):
+@pytest.mark.parametrize("name, scan", [("qwen2_tied", True), ("llama", True), ("llama", False)])
+def test_gradients_match_transformers(hf_models, batch, tmp_path, name, scan):
     """d(mean NLL)/d(every weight) equals PyTorch autograd on transformers' model; the torch
     gradients are saved as a checkpoint and read back by our loader, so names and layouts are
-    mapped by the same code as the weights."""
+    mapped by the same code as the weights. `scan=False`: the unrolled layer loop over the same
+    stacked weights (`ModelConfig.scan_layers`)."""
     model, path = hf_models[name]
     tokens, mask = batch
     valid = (mask[:, 1:] * mask[:, :-1]).astype(np.float32)
@@ -100,7 +101,7 @@ def test_gradients_match_transformers(hf_models, batch, tmp_path, name):
     grad_model.save_pretrained(str(tmp_path))
     _, torch_grads = models.load_hf(tmp_path)
 
-    cfg, params = models.load_hf(path)
+    cfg, params = models.load_hf(path, scan_layers=scan)
 
     def loss(params):
         lg = models.forward(cfg, params, tokens, mask)
@@ -236,10 +237,11 @@ def test_remat_and_bf16(hf_models, batch):
     tokens, mask = batch
     cfg, params = models.load_hf(path)
     ref = np.asarray(models.forward(cfg, params, tokens, mask))
-    cfg_r, params_r = models.load_hf(path, remat="full")
-    np.testing.assert_allclose(
-        np.asarray(models.forward(cfg_r, params_r, tokens, mask)), ref, atol=1e-6
-    )
+    for scan in (True, False):
+        cfg_r, params_r = models.load_hf(path, remat="full", scan_layers=scan)
+        np.testing.assert_allclose(
+            np.asarray(models.forward(cfg_r, params_r, tokens, mask)), ref, atol=1e-6
+        )
     cfg_b, params_b = models.load_hf(path, compute_dtype=jnp.bfloat16)
     out = models.forward(cfg_b, params_b, tokens, mask)
     assert out.dtype == jnp.float32 and params_b["embedding"].dtype == jnp.float32

@@ -96,6 +96,7 @@ def token_logprobs(
     hidden, targets = hidden[:, :-1], tokens[:, 1:].astype(jnp.int32)
     b, t, e = hidden.shape
     n = -(-t // chunk)
+    chunk = -(-t // n)  # as even as n chunks allow: at most n - 1 padded positions, not chunk - 1
     pad = n * chunk - t
     hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, e)
     targets = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk)

@@ -53,6 +53,10 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype of matmuls; norms and softmax always accumulate in f32
     param_dtype: str = "float32"
     remat: str = "none"  # one of REMAT_POLICIES
+    # False: the layers run as an unrolled Python loop over the same stacked [L, ...] weights.
+    # The compiled program grows with L, but no scan carries the residuals, so the backward
+    # pass skips stacking them into [L, ...] buffers (zero-fill, update-slice, slice back).
+    scan_layers: bool = True
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

@@ -310,8 +310,14 @@ class Decoder(nn.Module):
             in_axes=(nn.broadcast, nn.broadcast),
             length=cfg.num_layers,
             metadata_params={nn.PARTITION_NAME: "layers"},
-        )
-        x, _ = stack(cfg, name="layers")(x, positions, mask)
+        )(cfg, name="layers")
+        if cfg.scan_layers or self.is_initializing():
+            x, _ = stack(x, positions, mask)
+        else:  # same stacked weights, one layer at a time (see ModelConfig.scan_layers)
+            stacked = nn.unbox(self.variables["params"]["layers"])
+            for i in range(cfg.num_layers):
+                p_i = jax.tree.map(lambda w, i=i: w[i], stacked)
+                x, _ = layer(cfg, parent=None).apply({"params": p_i}, x, positions, mask)
 
         if logits_at is not None:
             x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)
