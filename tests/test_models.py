@@ -55,7 +55,8 @@ def test_logits_match_transformers(hf_models, batch, name):
 
 
 def test_dense_vjp_equals_autodiff():
-    """`decoder.dense` only reorders the weight-gradient dot: values equal plain autodiff's."""
+    """`decoder.dense` only reorders the weight-gradient dot: values equal plain autodiff's. The
+    cases cover both orientations (input smaller than the output gradient, and larger)."""
     rng = np.random.default_rng(0)
     cases = [((2, 3, 5), (5, 4), 1, None, jnp.float32), ((2, 3, 4, 6), (4, 6, 5), 2, None,
              jnp.float32), ((2, 3, 5), (5, 7), 1, jnp.float32, jnp.bfloat16)]  # fmt: skip

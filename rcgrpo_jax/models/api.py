@@ -12,7 +12,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rcgrpo_jax.models import sharding
 from rcgrpo_jax.models.config import ModelConfig
-from rcgrpo_jax.models.decoder import Decoder
+from rcgrpo_jax.models.decoder import Decoder, lm_logits
 
 Params = dict[str, Any]
 
@@ -104,7 +104,7 @@ def token_logprobs(
 
     @jax.checkpoint
     def one(h, y):
-        logits = jnp.einsum("bce,ev->bcv", h, head, preferred_element_type=jnp.float32)
+        logits = lm_logits(cfg, h, head)
         logp_all = jax.nn.log_softmax(logits, axis=-1)
         picked = jnp.take_along_axis(logp_all, y[..., None], axis=-1)[..., 0]
         return picked, -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
