@@ -79,6 +79,21 @@ def test_dense_vjp_equals_autodiff():
                                        rtol=tol, atol=tol)  # fmt: skip
 
 
+def test_weighted_values_vjp_equals_autodiff():
+    """The attention's probs @ values with its reordered dValues: same values as autodiff."""
+    rng = np.random.default_rng(1)
+    probs = jnp.asarray(rng.random((2, 2, 3, 5, 7)), jnp.float32)
+    values = jnp.asarray(rng.standard_normal((2, 2, 7, 4)), jnp.float32)
+    ref = lambda p, v: jnp.einsum("bkgts,bksd->bkgtd", p, v)
+    y, vjp = jax.vjp(decoder._weighted_values, probs, values)
+    y_ref, vjp_ref = jax.vjp(ref, probs, values)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(y_ref), rtol=1e-6)
+    g = jnp.asarray(rng.standard_normal(y.shape), jnp.float32)
+    for a, b in zip(vjp(g), vjp_ref(g), strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name, scan", [("qwen2_tied", True), ("llama", True), ("llama", False)])
 def test_gradients_match_transformers(hf_models, batch, tmp_path, name, scan):
     """d(mean NLL)/d(every weight) equals PyTorch autograd on transformers' model; the torch

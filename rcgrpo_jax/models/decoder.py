@@ -147,6 +147,36 @@ def project_qkv(
     )
 
 
+@jax.custom_vjp
+def _weighted_values(probs: jax.Array, values: jax.Array) -> jax.Array:
+    """probs [B, KV, G, T, S] @ values [B, KV, S, D] -> [B, KV, G, T, D].
+
+    Custom VJP for the same reason as `dense`: autodiff's dValues contracts the query axes of
+    probs, and XLA:CPU copies the whole [.., T, S] probs transposed to feed it; here the small
+    output gradient is the transposed operand and dValues^T [.., D, S] is turned around after.
+    """
+    return jnp.einsum("bkgts,bksd->bkgtd", probs, values)
+
+
+def _weighted_values_fwd(probs, values):
+    return _weighted_values(probs, values), (probs, values)
+
+
+def _weighted_values_bwd(res, g):
+    probs, values = res
+    g_probs = jnp.einsum("bkgtd,bksd->bkgts", g.astype(probs.dtype), values)
+    g_values_t = jax.lax.dot_general(
+        g.astype(values.dtype),
+        probs.astype(values.dtype),
+        (((2, 3), (2, 3)), ((0, 1), (0, 1))),
+        preferred_element_type=values.dtype,
+    )  # [B, KV, D, S]
+    return g_probs.astype(probs.dtype), g_values_t.transpose(0, 1, 3, 2)
+
+
+_weighted_values.defvjp(_weighted_values_fwd, _weighted_values_bwd)
+
+
 def attend(
     cfg: ModelConfig, q: jax.Array, keys_t: jax.Array, values: jax.Array, mask: jax.Array
 ) -> jax.Array:
@@ -164,8 +194,7 @@ def attend(
     scores = jnp.einsum("bkgtd,bkds->bkgts", qg, keys_t, preferred_element_type=jnp.float32)
     scores = jnp.where(mask[:, None, None], scores * (1.0 / math.sqrt(d)), _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
-    out = jnp.einsum("bkgts,bksd->bkgtd", probs, values)
-    out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+    out = _weighted_values(probs, values).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
     return constrain(out, ("act_batch", "act_len", "act_heads", "head_dim"))
 
 
