@@ -63,13 +63,15 @@ def get_config():
     c.rl.steps = 8
     c.rl.num_prompts = 8
     c.rl.group_size = 4
-    # Sampling temperature and share of high tokens, chosen by measurement on the same stage-1
-    # policies (degenerate % SFT+GRPO / RC-GRPO): T 1.0, p 0.5: 40.6 / 73.4; T 0.5, p 0.5:
-    # 34.4 / 67.2; T 0.25, p 0.5: 39.1 / 56.2; T 0.25, p 0.75: 39.1 / 40.6; T 0.1, p 0.75:
-    # 64.1 / 43.8. The stage-1 policies are not peaked at T 1 (a half-formed copy: success is
-    # per sample, not per prompt); a low temperature stands in for the paper's peaked SFT policy.
+    # RL samples from the policy itself (temperature 1) and draws the high token with p 0.75.
+    # When SFT learns the copy fully its policy is peaked on its own (seed 1: entropy 0.04, 83% of
+    # SFT+GRPO's groups degenerate vs 52% for RC-GRPO). At temperature 0.1 (the default until
+    # 2026-11-30 06:40, standing in for a peaked policy when the copy was half formed) the same
+    # stage-1 policies gave seed 0: 56 / 89, seed 1: 92 / 52, seed 2: 78 / 92 (SFT+GRPO / RC-GRPO
+    # degenerate %), against 34 / 94, 83 / 52, 59 / 98 at temperature 1: whether RC-GRPO is below
+    # SFT+GRPO follows from whether RCTP learned the copy, not from the temperature.
     c.rl.p_high = 0.75
-    c.rl.temperature = 0.1
+    c.rl.temperature = 1.0
     c.rl.max_new_tokens = 32  # the longest ground-truth message is 23 tokens
     c.rl.max_len = 384  # the longest ground-truth trajectory is ~330 tokens
     c.rl.eval_every = 8
