@@ -526,8 +526,14 @@ def main(argv=None) -> int:
 
     # ---- matmul peak (the MFU denominators)
     n = mode["peak_n"]
-    peak_j = jax_peak(n, jdtype)
-    peak_t = torch_peak(n, torch.bfloat16 if bf16 else torch.float32, tdevice) if torch else None
+
+    def peaks() -> tuple[float, float | None]:  # (ours, torch's) square-matmul FLOP/s, now
+        if torch is None:
+            return jax_peak(n, jdtype), None
+        tdtype = torch.bfloat16 if bf16 else torch.float32
+        return jax_peak(n, jdtype), torch_peak(n, tdtype, tdevice)
+
+    peak_j, peak_t = peaks()
     add(
         (
             f"matmul peak, {args.dtype} {n}x{n}",
@@ -558,8 +564,7 @@ def main(argv=None) -> int:
     # The host's speed drifts between seconds (a shared VM): measure each peak again right after
     # its train step and divide by the higher of the two, so a slow moment during the first
     # measurement cannot inflate the MFU.
-    peak_j2 = jax_peak(n, jdtype)
-    peak_t2 = torch_peak(n, torch.bfloat16 if bf16 else torch.float32, tdevice) if torch else None
+    peak_j2, peak_t2 = peaks()
     peaks_note = f"peaks before/after: {peak_j / 1e9:.0f}/{peak_j2 / 1e9:.0f} GFLOP/s ours" + (
         f", {peak_t / 1e9:.0f}/{peak_t2 / 1e9:.0f} torch" if peak_t else ""
     )
