@@ -97,6 +97,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 1000
+    # Stage `all`: SFT steps on the golden trajectories before SFT and RCTP split, both arms then
+    # continuing from that one model (experiment.py says why); 0 = both start from the base.
+    c.train.warm_start_steps = 0
     c.train.batch_size = 8  # packed rows per step (global)
     c.train.seq_len = 4096  # row length; examples are packed, never split
     c.train.checkpoint_every = 100

@@ -1,11 +1,15 @@
 """Stage `all`: the paper's comparison end to end, every arm through the same code.
 
-    base (untrained / as loaded)
+    base (untrained / as loaded) [─▶ warm start: SFT steps shared by both stage-1 arms]
     SFT  ─▶ GRPO                      (the baseline that stalls: peaked policy, σ_g → 0)
     RCTP ─▶ RC-GRPO                   (the method)
     RCTP ─▶ GRPO                      (ablation: RCTP init without reward-conditioned sampling)
 
-Each stage runs in its own sub-directory of the workdir (`sft/`, `rctp/`, `sft_grpo/`, ...) and
+The warm start (`train.warm_start_steps` > 0) stands in for what the paper's arms share, an
+instruct model that already calls tools: a tiny model trained from scratch learns to copy names
+after a seed-dependent plateau, and two independent stage-1 runs would draw it independently.
+
+Each stage runs in its own sub-directory of the workdir (`warm_start/`, `sft/`, `rctp/`, ...) and
 is resumable on its own; a finished stage (its `summary.json` exists) is not run again. Every RL
 arm gets the same number of iterations, prompts and rollouts. Results: `summary.json`, a printed
 table, and `dynamics.png` (reward, degenerate-group fraction, entropy per RL iteration, one line
@@ -110,8 +114,17 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         runtime.tokenizer_from_config(config)
         config.tokenizer_path = str(workdir / "tokenizer")
     arms: dict[str, dict[str, Any]] = {"base": {"heldout_success": _base_success(config)}}
+    start = ""
+    if int(config.train.warm_start_steps) > 0:
+        c = _sub(config, "sft", "warm_start")
+        c.train.steps = int(config.train.warm_start_steps)
+        s = _run_once(c, sft.run)
+        arms["warm_start"] = {"heldout_success": s.get("heldout_success", {}).get("none")}
+        start = s["export"]
     for stage in ("sft", "rctp"):
         c = _sub(config, stage, stage)
+        if start:
+            c.model.hf_path = start  # both stage-1 arms continue from the same model
         if stage == "rctp" and config.rctp.train_steps > 0:
             c.train.steps = int(config.rctp.train_steps)  # e.g. the same epochs over more data
         s = _run_once(c, sft.run)

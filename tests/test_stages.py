@@ -33,6 +33,7 @@ OVERRIDES = {
     "train.steps": 4,
     "train.batch_size": 4,
     "train.checkpoint_every": 2,
+    "train.warm_start_steps": 2,
     "rctp.train_steps": 0,  # RCTP takes train.steps too
     "rctp.eval_entries": 4,
     "rl.steps": 2,
@@ -75,9 +76,12 @@ def run_all(tmp_path_factory):
 def test_stage1_outputs(run_all):
     config, summary = run_all
     root = Path(config.workdir)
+    warm = json.loads((root / "warm_start" / "summary.json").read_text())
+    assert warm["steps"] == 2 and warm["init_from"] == ""  # from the random init
     for stage in ("sft", "rctp"):
         s = json.loads((root / stage / "summary.json").read_text())
         assert s["steps"] == config.train.steps and s["skipped_updates"] == 0
+        assert s["init_from"] == warm["export"]  # both arms continue from the warm start
         assert len(read_jsonl(root / stage / "metrics.jsonl")) == config.train.steps
         cfg, params = models.load_hf(root / stage / "export")
         assert (root / stage / "export" / "tokenizer.json").exists()
@@ -113,7 +117,8 @@ def test_experiment_summary_and_table(run_all):
     config, summary = run_all
     root = Path(config.workdir)
     on_disk = json.loads((root / "summary.json").read_text())
-    assert on_disk["arms"].keys() == {"base", "sft", "rctp", "sft_grpo", "rctp_rcgrpo", "rctp_grpo"}
+    arms = {"base", "warm_start", "sft", "rctp", "sft_grpo", "rctp_rcgrpo", "rctp_grpo"}
+    assert on_disk["arms"].keys() == arms
     assert (root / "table.txt").read_text().strip() == experiment.format_table(on_disk).strip()
     assert (root / "dynamics.png").stat().st_size > 0
     for name in ("sft_grpo", "rctp_rcgrpo", "rctp_grpo"):

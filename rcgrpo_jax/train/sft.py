@@ -143,6 +143,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     models.save_hf(export, cfg, state.params, tokenizer=tokenizer)
     summary: dict[str, Any] = {
         "stage": stage, "steps": int(train.steps), "export": str(export),
+        "init_from": str(config.model.hf_path),  # "" = the random init
         "data": report["splits"], "final_loss": history[-1]["loss"] if history else None,
         "skipped_updates": int(state.skipped),
     }  # fmt: skip
