@@ -47,7 +47,7 @@ def get_config():
     # (a stand-in for the instruct model the paper's arms share), and then split: SFT 200 more
     # steps on the golden data, RCTP 300 steps on 400 golden + 200 label-0 examples (the same
     # epochs per golden trajectory), same lr, batch, rows and seed. Trained separately from the
-    # random init (1000 / 1500 steps, the default until 2026-11-30 09:00) each arm drew its own
+    # random init (1000 / 1500 steps, the default until 2026-11-30 07:40) each arm drew its own
     # plateau and seed 0 missed two targets; README "The embedded default" has both tables.
     # Low-reward pool: only `premature_stop` (look, then stop without acting). On these tasks
     # `extra_step` and `wrong_order` mostly still score 1 and act before looking (a name the
