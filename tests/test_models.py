@@ -94,6 +94,66 @@ def test_weighted_values_vjp_equals_autodiff():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
+def test_attend_causal_equals_dense_attend():
+    """Query blocks against their key prefixes (the causal blocks skipped): the dense attention's
+    outputs and gradients wherever a query sees a key, with packed segments and a padded tail."""
+    b, t, h, kv, d = 2, 200, 4, 2, 8
+    assert decoder.causal_blocks(t) == 6  # blocks of 34 queries, the last one shorter (30)
+    cfg = models.ModelConfig(64, 32, 64, 1, h, kv, d)
+    rng = np.random.default_rng(2)
+    q = jnp.asarray(rng.standard_normal((b, t, h, d)), jnp.float32)
+    keys_t = jnp.asarray(rng.standard_normal((b, kv, d, t)), jnp.float32)
+    values = jnp.asarray(rng.standard_normal((b, kv, t, d)), jnp.float32)
+    seg = np.ones((b, t), np.int32)
+    seg[0, 90:] = 2  # a second packed example from slot 90
+    seg[1, 150:] = 0  # padding
+    seg = jnp.asarray(seg)
+    slots = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    mask = decoder.segment_mask(slots, seg, seg)
+    w = jnp.asarray(rng.standard_normal((b, t, h, d)), jnp.float32) * (seg > 0)[..., None, None]
+
+    def loss(fn, *xs):
+        return (fn(cfg, *xs, mask) * w).sum()
+
+    for fn in (decoder.attend_causal, decoder.attend):
+        assert fn(cfg, q, keys_t, values, mask).shape == (b, t, h, d)
+    real = np.asarray(seg > 0)
+    np.testing.assert_allclose(
+        np.asarray(decoder.attend_causal(cfg, q, keys_t, values, mask))[real],
+        np.asarray(decoder.attend(cfg, q, keys_t, values, mask))[real],
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    grads = jax.grad(lambda *xs: loss(decoder.attend_causal, *xs), (0, 1, 2))(q, keys_t, values)
+    refs = jax.grad(lambda *xs: loss(decoder.attend, *xs), (0, 1, 2))(q, keys_t, values)
+    for g, r in zip(grads, refs, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-5, atol=1e-5)
+
+
+def test_token_logprobs_chunked_equals_one_chunk(batch):
+    """The checkpointed chunks (uneven, padded) give the one-chunk path's values and gradients."""
+    cfg = models.ModelConfig(TINY_VOCAB, 32, 64, 2, 4, 2, 8, tie_embeddings=True)
+    params = models.init_params(cfg, jax.random.key(0), None)
+    tokens, mask = batch
+    tokens, segments = jnp.asarray(tokens, jnp.int32), jnp.asarray(mask, jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+
+    def run(chunk):
+        def loss(p):
+            logp, ent, valid = models.token_logprobs(
+                cfg, p, tokens, positions, segments, chunk=chunk
+            )
+            return ((logp + 0.1 * ent) * valid).sum(), (logp, ent, valid)
+
+        return jax.grad(loss, has_aux=True)(params)
+
+    (g1, out1), (g5, out5) = run(512), run(5)  # 23 targets: one chunk vs 5 chunks of 5
+    for a, b in zip(out1, out5, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g5), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("name, scan", [("qwen2_tied", True), ("llama", True), ("llama", False)])
 def test_gradients_match_transformers(hf_models, batch, tmp_path, name, scan):
     """d(mean NLL)/d(every weight) equals PyTorch autograd on transformers' model; the torch

@@ -88,32 +88,35 @@ def token_logprobs(
     """(log p(tokens[:, t+1] | <= t), entropy at t, valid) — each [B, T-1], float32.
 
     The head runs over `chunk` positions at a time under `jax.checkpoint`, so neither the forward
-    nor the backward pass holds more than [B, chunk, V] logits. `valid` marks targets in the
-    same non-zero segment as their context (packed examples never predict across a boundary).
-    Both SFT and RL losses are built on this one function.
+    nor the backward pass holds more than [B, chunk, V] logits. Rows that fit one chunk skip the
+    checkpoint: their logits are within that bound already, and recomputing them would cost one
+    more head matmul. `valid` marks targets in the same non-zero segment as their context
+    (packed examples never predict across a boundary). Both SFT and RL losses are built on this
+    one function.
     """
     hidden = Decoder(cfg).apply({"params": params}, tokens, positions, segments, return_hidden=True)
     hidden, targets = hidden[:, :-1], tokens[:, 1:].astype(jnp.int32)
     b, t, e = hidden.shape
-    n = -(-t // chunk)
-    chunk = -(-t // n)  # as even as n chunks allow: at most n - 1 padded positions, not chunk - 1
-    pad = n * chunk - t
-    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, e)
-    targets = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk)
     head = head_weights(cfg, params).astype(cfg.compute_dtype)
 
-    @jax.checkpoint
     def one(h, y):
         logits = lm_logits(cfg, h, head)
         logp_all = jax.nn.log_softmax(logits, axis=-1)
         picked = jnp.take_along_axis(logp_all, y[..., None], axis=-1)[..., 0]
         return picked, -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
 
-    _, (logp, ent) = jax.lax.scan(
-        lambda _, xs: (None, one(*xs)), None, (jnp.swapaxes(hidden, 0, 1), targets.swapaxes(0, 1))
-    )
-    logp = jnp.swapaxes(logp, 0, 1).reshape(b, n * chunk)[:, :t]
-    ent = jnp.swapaxes(ent, 0, 1).reshape(b, n * chunk)[:, :t]
+    n = -(-t // chunk)
+    if n == 1:
+        logp, ent = one(hidden, targets)
+    else:
+        chunk = -(-t // n)  # as even as n chunks allow: at most n - 1 padded positions
+        pad = n * chunk - t
+        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, e)
+        targets = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk)
+        xs = (jnp.swapaxes(hidden, 0, 1), targets.swapaxes(0, 1))
+        _, (logp, ent) = jax.lax.scan(lambda _, x: (None, jax.checkpoint(one)(*x)), None, xs)
+        logp = jnp.swapaxes(logp, 0, 1).reshape(b, n * chunk)[:, :t]
+        ent = jnp.swapaxes(ent, 0, 1).reshape(b, n * chunk)[:, :t]
     valid = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
     return logp, ent, valid
 

@@ -198,6 +198,31 @@ def attend(
     return constrain(out, ("act_batch", "act_len", "act_heads", "head_dim"))
 
 
+def causal_blocks(t: int) -> int:
+    """Query blocks `attend_causal` splits a length-t sequence into: at most 8, at least 32
+    queries each. Blocks above the diagonal are skipped, so it computes (n + 1) / 2n of the
+    dense attention (56% at n = 8); smaller blocks save more but add per-block overhead."""
+    return max(1, min(8, t // 32))
+
+
+def attend_causal(
+    cfg: ModelConfig, q: jax.Array, keys_t: jax.Array, values: jax.Array, mask: jax.Array
+) -> jax.Array:
+    """`attend` for self-attention over one sequence, query t at key slot t (the training
+    forward): the queries go in `causal_blocks` blocks, each against the keys up to its own last
+    slot only. The skipped blocks are ones the causal mask discards whole, so the result is
+    `attend`'s exactly; on CPU the suite's train step gets ~14% faster (README "Benchmarks")."""
+    t = q.shape[1]
+    n = causal_blocks(t)
+    size = -(-t // n)
+    outs = []
+    for start in range(0, t, size):
+        end = min(start + size, t)
+        block = (q[:, start:end], keys_t[..., :end], values[:, :, :end], mask[:, start:end, :end])
+        outs.append(attend(cfg, *block))
+    return outs[0] if n == 1 else jnp.concatenate(outs, axis=1)
+
+
 def attention_out(cfg: ModelConfig, p: dict[str, jax.Array], out: jax.Array) -> jax.Array:
     return dense(out, p["wo"].astype(cfg.compute_dtype), 2)
 
@@ -261,7 +286,7 @@ class Attention(nn.Module):
         values = constrain(
             v.transpose(0, 2, 1, 3), ("act_batch", "act_kv_heads", "act_len", "head_dim")
         )
-        return attention_out(cfg, p, attend(cfg, q, keys_t, values, mask))
+        return attention_out(cfg, p, attend_causal(cfg, q, keys_t, values, mask))
 
 
 class Mlp(nn.Module):

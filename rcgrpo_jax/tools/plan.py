@@ -313,19 +313,25 @@ def train_flops(cfg, shape: Shape) -> tuple[float, float]:
     """(model FLOPs, hardware FLOPs) of one train step on P·G·T tokens.
 
     model    = 6·N·tokens + 12·L·H·D·T·tokens   (fwd 2 + bwd 4 per weight per token; attention
-               QKᵀ and PV, 2·2·H·D·T per token per layer forward, ×3 with backward, counted over
-               the full T×T because our dense masked attention computes every entry)
-    hardware = model + what the remat policy recomputes in the backward pass:
-               full: one more forward of the layers (2·N_layers + 4·L·H·D·T per token);
-               dots_no_batch: the attention einsums (4·L·H·D·T); dots / none: nothing.
+               QKᵀ and PV, 2·2·H·D·T per token per layer forward, ×3 with backward, over the
+               full T×T: PaLM's MFU convention, whatever an implementation skips)
+    hardware = what our step computes: the attention only over the query blocks' key prefixes
+               (`decoder.causal_blocks`: (n + 1) / 2n of T×T), plus what the remat policy
+               recomputes in the backward pass: full: one more forward of the layers;
+               dots_no_batch: the attention einsums; dots / none: nothing.
     """
+    from rcgrpo_jax.models.decoder import causal_blocks
+
     tokens = shape.rollouts * shape.seq
     n = matmul_params(cfg)
     n_layers = n - cfg.hidden_size * cfg.vocab_size
     attn_fwd = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * shape.seq  # per token
+    blocks = causal_blocks(shape.seq)
+    attn_hw = attn_fwd * (blocks + 1) / (2 * blocks)
     model = (6 * n + 3 * attn_fwd) * tokens
-    recompute = {"full": 2 * n_layers + attn_fwd, "dots_no_batch": attn_fwd}.get(cfg.remat, 0)
-    return float(model), float(model + recompute * tokens)
+    hardware = 6 * n + 3 * attn_hw
+    hardware += {"full": 2 * n_layers + attn_hw, "dots_no_batch": attn_hw}.get(cfg.remat, 0)
+    return float(model), float(hardware * tokens)
 
 
 def sampler_flops(cfg, shape: Shape, program: str) -> float:
