@@ -74,6 +74,17 @@ def _base_success(config: ml_collections.ConfigDict) -> float:
     return rate
 
 
+def _stage1_row(summary: dict[str, Any]) -> dict[str, Any]:
+    """A stage-1 run's table row: held-out success (RCTP: under the high token) and, for RCTP,
+    success under each reward token."""
+    got = summary.get("heldout_success", {})
+    return {
+        "heldout_success": got.get("none", got.get("high")),
+        "success_high": got.get("high"),
+        "success_low": got.get("low"),
+    }
+
+
 def _rl_stats(workdir: Path) -> dict[str, float]:
     """Over the RL run: mean degenerate-group fraction and entropy, last held-out success."""
     rows = read_jsonl(workdir / "metrics.jsonl")
@@ -119,7 +130,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         c = _sub(config, "sft", "warm_start")
         c.train.steps = int(config.train.warm_start_steps)
         s = _run_once(c, sft.run)
-        arms["warm_start"] = {"heldout_success": s.get("heldout_success", {}).get("none")}
+        arms["warm_start"] = _stage1_row(s)
         start = s["export"]
     for stage in ("sft", "rctp"):
         c = _sub(config, stage, stage)
@@ -127,13 +138,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             c.model.hf_path = start  # both stage-1 arms continue from the same model
         if stage == "rctp" and config.rctp.train_steps > 0:
             c.train.steps = int(config.rctp.train_steps)  # e.g. the same epochs over more data
-        s = _run_once(c, sft.run)
-        got = s.get("heldout_success", {})
-        arms[stage] = {
-            "heldout_success": got.get("none", got.get("high")),
-            "success_high": got.get("high"),
-            "success_low": got.get("low"),
-        }
+        arms[stage] = _stage1_row(_run_once(c, sft.run))
     for name, init, algo in RL_ARMS:
         init_from = str(workdir / init / "export")
         c = _sub(config, algo, name, init_from=init_from)
