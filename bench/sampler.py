@@ -211,6 +211,11 @@ def rollout_rows(cfg, params, model, prompt_len: tuple[int, int], reps: int) -> 
     ]
 
 
+def jax_threads() -> int:
+    """Threads XLA:CPU runs on: the cores this process may use (its CPU affinity)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=2, help="timed runs of (a); best is kept")
@@ -226,13 +231,11 @@ def main() -> None:
     ap.add_argument(
         "--torch-threads",
         type=int,
-        default=1,
-        help="torch intra-op threads (0: torch's default); 1 is transformers' fastest setting "
-        "on a shared 2-core box, where its default spins and runs 10-20x slower",
+        default=None,
+        help="torch intra-op threads (default: the cores JAX uses, for a fair ratio)",
     )
     args = ap.parse_args()
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
+    torch.set_num_threads(args.torch_threads or jax_threads())
 
     tmp = Path(tempfile.mkdtemp())
     model = make_model(tmp)

@@ -1,7 +1,7 @@
 """Benchmark suite (issue 8): ours vs PyTorch/transformers, side by side in one run, one table.
 
     python bench/suite.py [--quick | --smoke] [--shape tiny|micro|qwen0.5b] [--device cpu|gpu]
-                          [--dtype f32|bf16] [--torch-threads 1] [--json out.json]
+                          [--dtype f32|bf16] [--torch-threads N] [--json out.json]
 
 Rows (same random Qwen2 weights on both sides; our compile time excluded by a warm-up call):
 - matmul peak: the best of a large square matmul in the compute dtype, jnp vs torch, measured
@@ -17,8 +17,9 @@ Rows (same random Qwen2 weights on both sides; our compile time excluded by a wa
 - prefill tokens per trajectory vs trajectory length: our Session over a growing multi-turn
   conversation (counted by the session) vs what re-prefilling each turn processes (sub-table).
 
-transformers runs with 1 torch thread on the CPU by default, the setting bench/sampler.py uses
-(fastest on a shared 2-core box); JAX uses every core. Both thread counts are printed.
+On the CPU both sides get the same threads: torch as many as the cores XLA:CPU runs on (this
+process's CPU affinity), unless `--torch-threads` says otherwise; the header prints both counts.
+A ratio at unequal threads is not a fair comparison.
 Without torch/transformers (or, on a GPU, without CUDA torch) the PyTorch columns are skipped
 and the header says why. bench/gpu.sh runs this on a CUDA device with a Qwen2.5-0.5B shape.
 """
@@ -120,8 +121,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument(
         "--torch-threads",
         type=int,
-        default=1,
-        help="torch intra-op threads (0: torch's default); 1 as bench/sampler.py",
+        default=None,
+        help="torch intra-op threads (default: the cores JAX uses, for a fair ratio)",
     )
     ap.add_argument(
         "--scan-layers",
@@ -437,6 +438,7 @@ def main(argv=None) -> int:
     jdtype = jnp.bfloat16 if bf16 else jnp.float32
     shape_kw = SHAPES[args.shape]
 
+    jax_threads = sb.jax_threads()
     # ---- the PyTorch side: available? where?
     torch = None
     why_no_torch = ""
@@ -454,8 +456,7 @@ def main(argv=None) -> int:
             torch, why_no_torch = None, f"torch {torch.__version__} has no CUDA device"
         else:
             tdevice = torch.device("cuda" if args.device == "gpu" else "cpu")
-            if args.torch_threads:
-                torch.set_num_threads(args.torch_threads)
+            torch.set_num_threads(args.torch_threads or jax_threads)
 
     # ---- the model: transformers' random init saved, and loaded by us (same weights)
     tmp = Path(tempfile.mkdtemp(prefix="rcgrpo_suite_"))
@@ -510,7 +511,7 @@ def main(argv=None) -> int:
         f"layers, {cfg.num_heads}/{cfg.num_kv_heads} heads, vocab {cfg.vocab_size}, "
         f"{n_params / 1e6:.1f}M params), {args.dtype}, train step with layers "
         f"{'scanned' if args.scan_layers else 'unrolled'} | jax {jax.__version__} on "
-        f"{dev.platform} ({os.cpu_count()} host cores) | {torch_desc} | load average "
+        f"{dev.platform} ({jax_threads} threads) | {torch_desc} | load average "
         f"{load_start[0]:.2f} | GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r} "
         "(both sides; rcgrpo_jax/host_memory.py)",
         flush=True,

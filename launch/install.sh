@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One-step set-up on a fresh machine. `--test` adds the test-only packages (torch CPU, tiktoken, pytest).
+# One-step set-up on a fresh machine: the pinned runtime, bfcl-eval (--no-deps) and this package.
+# `--test` adds the test-only packages (torch CPU, tiktoken, pytest, ruff).
 # On a TPU VM pass `--tpu` to install jax[tpu] of the same version.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,3 +15,6 @@ for arg in "$@"; do
 done
 "$py" -m pip install -q "${reqs[@]}"
 "$py" -m pip install -q --no-deps -r "$here/requirements-nodeps.txt"
+# The package itself (editable: `import rcgrpo_jax` works from any directory; its dependencies
+# are the pins above, declared again in pyproject.toml from the same files).
+"$py" -m pip install -q --no-deps -e "$here"

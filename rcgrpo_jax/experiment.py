@@ -49,10 +49,17 @@ def _sub(config: ml_collections.ConfigDict, stage: str, name: str, **rl: Any):
     return c
 
 
-def _run_once(c: ml_collections.ConfigDict, fn) -> dict[str, Any]:
+ALGO_NAMES = {"sft": "SFT", "rctp": "RCTP", "grpo": "GRPO", "rcgrpo": "RC-GRPO"}
+
+
+def _run_once(c: ml_collections.ConfigDict, fn, what: str) -> dict[str, Any]:
+    """Runs one arm unless its summary exists; prints the arm's start line."""
+    name = f"{Path(c.workdir).name} ({ALGO_NAMES[c.stage]})"
     done = Path(c.workdir) / "summary.json"
     if done.exists():
+        print(f"{name}: finished earlier, {done}", flush=True)
         return json.loads(done.read_text())
+    print(f"{name}: {what}", flush=True)
     return fn(c)
 
 
@@ -124,12 +131,14 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         config = ml_collections.ConfigDict(config.to_dict())
         runtime.tokenizer_from_config(config)
         config.tokenizer_path = str(workdir / "tokenizer")
-    arms: dict[str, dict[str, Any]] = {"base": {"heldout_success": _base_success(config)}}
+    base = _base_success(config)
+    print(f"base: held-out success {base:.1%} (the initial model)", flush=True)
+    arms: dict[str, dict[str, Any]] = {"base": {"heldout_success": base}}
     start = ""
     if int(config.train.warm_start_steps) > 0:
         c = _sub(config, "sft", "warm_start")
         c.train.steps = int(config.train.warm_start_steps)
-        s = _run_once(c, sft.run)
+        s = _run_once(c, sft.run, f"{c.train.steps} steps on the golden trajectories")
         arms["warm_start"] = _stage1_row(s)
         start = s["export"]
     for stage in ("sft", "rctp"):
@@ -138,12 +147,18 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             c.model.hf_path = start  # both stage-1 arms continue from the same model
         if stage == "rctp" and config.rctp.train_steps > 0:
             c.train.steps = int(config.rctp.train_steps)  # e.g. the same epochs over more data
-        arms[stage] = _stage1_row(_run_once(c, sft.run))
+        what = f"{c.train.steps} steps from {'the warm start' if start else 'the base'}"
+        arms[stage] = _stage1_row(_run_once(c, sft.run, what))
     for name, init, algo in RL_ARMS:
         init_from = str(workdir / init / "export")
         c = _sub(config, algo, name, init_from=init_from)
-        _run_once(c, rl_loop.run)
-        arms[name] = _rl_stats(Path(c.workdir))
+        _run_once(c, rl_loop.run, f"{c.rl.steps} iterations from {init}")
+        arms[name] = stats = _rl_stats(Path(c.workdir))
+        print(
+            f"{name}: held-out success {stats['heldout_success']:.1%}, "
+            f"degenerate groups {stats['degenerate_frac']:.1%}",
+            flush=True,
+        )
 
     runs = {name: workdir / name / "metrics.jsonl" for name, _, _ in RL_ARMS}
     plots.plot_metrics(runs, DYNAMICS, workdir / "dynamics.png")

@@ -1,4 +1,8 @@
-"""Command line: `python -m rcgrpo_jax.main --config=configs/tiny.py [--config.key=value ...]`."""
+"""Command line: `python -m rcgrpo_jax.main --config=configs/tiny.py [--config.key=value ...]`.
+
+The whole config is validated before any work (`config_check`); library logs stay silent unless
+`--verbosity=N` is given (`logs`).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
+from rcgrpo_jax import config_check, logs
 from rcgrpo_jax.config import STAGES
 from rcgrpo_jax.runtime import UserError
 
@@ -64,16 +69,19 @@ def parse_flags(argv: list[str]) -> list[str]:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    from rcgrpo_jax.distributed import maybe_initialize
-
-    maybe_initialize()  # multi-host TPU slices; a no-op for a single process
+    logs.configure(verbose=flags.FLAGS["verbosity"].present)
     config = _CONFIG.value
     if not config.workdir:
         config.workdir = str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
     try:
+        config_check.validate(config)
         if config.model.hf_path and not Path(config.model.hf_path).is_dir():
-            raise UserError(f"model.hf_path={config.model.hf_path!r} does not exist")
-        _runner(config.stage)(config)
+            raise UserError(f"config.model.hf_path={config.model.hf_path!r} is not a directory")
+        run = _runner(config.stage)
+        from rcgrpo_jax.distributed import maybe_initialize
+
+        maybe_initialize()  # multi-host TPU slices; a no-op for a single process
+        run(config)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

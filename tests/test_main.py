@@ -40,7 +40,7 @@ def run_main(*args: str) -> subprocess.CompletedProcess:
         (["--config=configs/missing.py"], "error: cannot load config file 'configs/missing.py'"),
         (
             ["--config=configs/tiny.py", "--config.model.hf_path=/nonexistent/ckpt"],
-            "error: model.hf_path='/nonexistent/ckpt' does not exist",
+            "error: config.model.hf_path='/nonexistent/ckpt': expected an existing path",
         ),
         (["--config=configs/tiny.py", "--config.stage=nope"], "error: config.stage='nope'"),
     ],

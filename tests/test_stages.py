@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +48,7 @@ OVERRIDES = {
 }
 
 
-def main(workdir, **extra) -> None:
+def main(workdir, **extra) -> subprocess.CompletedProcess:
     args = [f"--config.{k}={v}" for k, v in {**OVERRIDES, **extra}.items()]
     env = dict(
         os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="--xla_force_host_platform_device_count=2"
@@ -58,14 +59,17 @@ def main(workdir, **extra) -> None:
         cwd=REPO, env=env, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
+    return out
 
 
 @pytest.fixture(scope="module")
 def run_all(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("all")
-    main(workdir)
+    out = main(workdir)
     return SimpleNamespace(
         workdir=str(workdir),
+        stdout=out.stdout,
+        stderr=out.stderr,
         train=SimpleNamespace(steps=OVERRIDES["train.steps"]),
         rl=SimpleNamespace(
             num_prompts=OVERRIDES["rl.num_prompts"], group_size=OVERRIDES["rl.group_size"]
@@ -126,6 +130,28 @@ def test_experiment_summary_and_table(run_all):
         assert on_disk["arms"][name]["degenerate_frac"] == pytest.approx(
             np.mean([r["degenerate_frac"] for r in rows])
         )
+
+
+# absl's line format (I1201 12:00:00.123 ...), transformers' and TFDS's notices, JAX's probing.
+LIBRARY_LINE = re.compile(
+    r"^[IWEF]\d{4} |^\[transformers\]|Downloading and preparing|Unable to initialize backend"
+    r"|^WARNING:|^INFO:"
+)
+
+
+def test_default_output_is_quiet(run_all):
+    """Progress bars, a line per arm and the table; no library log line."""
+    config, _ = run_all
+    lines = (config.stdout + config.stderr.replace("\r", "\n")).splitlines()
+    noise = [line for line in lines if LIBRARY_LINE.search(line)]
+    assert noise == [], noise[:5]
+    out = config.stdout.splitlines()
+    for arm in ("base", "warm_start", "sft", "rctp", "sft_grpo", "rctp_rcgrpo", "rctp_grpo"):
+        assert any(line.startswith(f"{arm}: ") for line in out), (arm, out)
+    assert config.stdout.rstrip().endswith(
+        (Path(config.workdir) / "table.txt").read_text().rstrip()
+    )
+    assert len(out) < 40, out  # one or two lines per arm, then the table
 
 
 def test_rl_resume_is_exact(run_all, tmp_path):

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
+from rcgrpo_jax import logs
+
 DATASET_NAME = "rcgrpo_trajectories"
 DEFAULT_VERSION = "1.0.0"
 FIELDS = ("tokens", "loss_mask", "label", "reward_token", "source", "entry_id", "meta")
@@ -90,6 +92,13 @@ class RcgrpoTrajectories(tfds.core.GeneratorBasedBuilder):
         for i, ex in enumerate(examples):
             yield i, to_record(ex)
 
+    # TFDS prints a "Downloading and preparing" banner around every build; nothing is downloaded.
+    def _log_download_bytes(self) -> None:
+        pass
+
+    def _log_download_done(self) -> None:
+        pass
+
 
 def write_dataset(
     data_dir: str | Path,
@@ -105,6 +114,8 @@ def write_dataset(
             raise FileExistsError(f"{out} exists; pass overwrite=True to replace it")
         shutil.rmtree(out)
     builder = RcgrpoTrajectories(splits=splits, data_dir=str(data_dir), file_format="array_record")
+    if not logs.verbose():
+        tfds.disable_progress_bar()  # its per-split bars would interleave with the stage's own
     builder.download_and_prepare()
     return out
 

@@ -156,6 +156,10 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             name: success_rate(config, model, tokenizer, mesh, heldout, tok)
             for name, tok in tokens.items()
         }
-        print(f"{stage}: held-out success {summary['heldout_success']} on {len(heldout)} entries")
+        rates = summary["heldout_success"]
+        got = (
+            ", ".join(f"{k} {v:.1%}" for k, v in rates.items()) if rctp else f"{rates['none']:.1%}"
+        )
+        print(f"{stage}: held-out success {got} on {len(heldout)} entries", flush=True)
     (workdir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     return summary
