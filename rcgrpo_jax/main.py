@@ -85,6 +85,14 @@ def main(argv: list[str]) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as e:  # e.g. `pip install -e .` alone: bfcl-eval goes in --no-deps
+        if e.name and not e.name.startswith("rcgrpo_jax"):
+            print(
+                f"error: package {e.name!r} is missing: run `bash launch/install.sh`",
+                file=sys.stderr,
+            )
+            return 2
+        raise
     except Exception as e:  # one clear line for checkpoint problems, tracebacks for bugs
         from rcgrpo_jax.models import CheckpointError
 
