@@ -14,5 +14,12 @@ def get_config():
     c.model.dtype = "bfloat16"
     c.model.param_dtype = "float32"
     c.model.remat = "full"
-    c.mesh.shape = (1, -1, 1)
+    # FSDP x 2-way tensor: the sampler's decode at 64 x 16384 holds every layer's gathered weights,
+    # halved by the tensor axis (v5p-16: 73 GiB/chip instead of 87 of 95); v5e-32 -> (1, 16, 2).
+    c.mesh.shape = (1, -1, 2)
+    # auto = Pallas splash attention on a TPU (flash on CPU beyond 1k tokens): memory O(T * block)
+    c.model.attention = "auto"
+    # RL at rl.max_len = 16384: 4 microbatches of 2 groups (16 rows), 4 rows per FSDP
+    # shard on v5p-16 (`python -m rcgrpo_jax.tools.plan --config=configs/llama8b.py` fits).
+    c.rl.optim.grad_accum = 4
     return c

@@ -16,4 +16,9 @@ def get_config():
     c.model.param_dtype = "float32"
     c.model.remat = "full"  # 7B with full-length multi-turn trajectories needs it on 16 GiB chips
     c.mesh.shape = (1, -1, 1)  # FSDP over the whole slice
+    # auto = Pallas splash attention on a TPU (flash on CPU beyond 1k tokens): memory O(T * block)
+    c.model.attention = "auto"
+    # RL at rl.max_len = 16384: 4 microbatches of 2 groups (16 rows), 2 rows per chip
+    # on v5p-16, 1 on v6e-16 (`python -m rcgrpo_jax.tools.plan --config=configs/qwen7b.py`).
+    c.rl.optim.grad_accum = 4
     return c

@@ -33,6 +33,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.remat = "none"  # none | full | dots | dots_no_batch
     # False unrolls the layer loop: faster steps for a few layers, compile time grows with depth
     c.model.scan_layers = True
+    # auto (per backend) | dense | flash | splash | cudnn: all but dense avoid [T, T] scores
+    c.model.attention = "auto"
     c.model.chat_format = "qwen"  # qwen | llama | python: how tool calls are written and parsed
     # Architecture of a randomly initialised model (used only when hf_path is empty).
     c.model.arch = ml_collections.ConfigDict(
@@ -57,6 +59,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.env.benchmark = "bfcl"  # bfcl | synthetic
     c.env.categories = BFCL_CATEGORIES  # BFCL categories used for training (bfcl benchmark)
     c.env.max_steps_per_turn = 20  # BFCL's MAXIMUM_STEP_LIMIT
+    c.env.call_timeout_s = 5.0  # wall-clock limit of one simulator call: a hang ends its row only
     c.env.synthetic = ml_collections.ConfigDict({"num_train": 512, "num_test": 64, "seed": 0})
     # Task difficulty (envs.synthetic.Difficulty): (min, max) user turns, folder depth,
     # distractor files per folder, chance of a follow-up turn, main task templates.

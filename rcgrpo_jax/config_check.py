@@ -25,7 +25,6 @@ RL_STAGES = ("grpo", "rcgrpo", "all")
 CHAT_FORMATS = ("qwen", "llama", "python")
 DTYPES = ("float32", "bfloat16", "float16")
 FAMILIES = ("qwen2", "llama")
-ATTENTION_KINDS = ("auto", "dense", "flash", "splash", "cudnn")
 
 
 def _is_int(v: Any) -> bool:
@@ -147,6 +146,12 @@ def _remat() -> tuple[str, ...]:
     return REMAT_POLICIES
 
 
+def _attention() -> tuple[str, ...]:
+    from rcgrpo_jax.models.config import ATTENTION_KINDS
+
+    return ATTENTION_KINDS
+
+
 def _categories() -> tuple[str, ...]:
     # Both spellings are accepted downstream (envs.entries.normalize_category).
     short = tuple(c.removeprefix("multi_turn_") for c in BFCL_CATEGORIES)
@@ -178,7 +183,7 @@ RULES: dict[str, Rule] = {
     "model.param_dtype": choice(DTYPES),
     "model.remat": lambda v: choice(_remat())(v),
     "model.scan_layers": boolean,
-    "model.attention": choice(ATTENTION_KINDS),
+    "model.attention": lambda v: choice(_attention())(v),
     "model.chat_format": choice(CHAT_FORMATS),
     "model.arch.vocab_size": integer(1),
     "model.arch.hidden_size": integer(1),

@@ -48,7 +48,7 @@ def model_from_config(config: ml_collections.ConfigDict, mesh=None, hf_path: str
     from rcgrpo_jax import models
 
     m = config.model
-    common = dict(remat=m.remat, scan_layers=bool(m.scan_layers))
+    common = dict(remat=m.remat, scan_layers=bool(m.scan_layers), attention=m.attention)
     hf_path = hf_path or m.hf_path
     if hf_path:
         if not Path(hf_path).is_dir():

@@ -14,7 +14,7 @@ import torch
 from conftest import TINY_VOCAB
 
 from rcgrpo_jax import models
-from rcgrpo_jax.models import decoder, hf_io, sharding
+from rcgrpo_jax.models import attention, decoder, hf_io, sharding
 
 B, T = 3, 24
 MESHES = [(1, 1, 1), (2, 4, 1), (1, 2, 4), (8, 1, 1)]
@@ -85,7 +85,7 @@ def test_weighted_values_vjp_equals_autodiff():
     probs = jnp.asarray(rng.random((2, 2, 3, 5, 7)), jnp.float32)
     values = jnp.asarray(rng.standard_normal((2, 2, 7, 4)), jnp.float32)
     ref = lambda p, v: jnp.einsum("bkgts,bksd->bkgtd", p, v)
-    y, vjp = jax.vjp(decoder._weighted_values, probs, values)
+    y, vjp = jax.vjp(attention._weighted_values, probs, values)
     y_ref, vjp_ref = jax.vjp(ref, probs, values)
     np.testing.assert_allclose(np.asarray(y), np.asarray(y_ref), rtol=1e-6)
     g = jnp.asarray(rng.standard_normal(y.shape), jnp.float32)
@@ -98,7 +98,7 @@ def test_attend_causal_equals_dense_attend():
     """Query blocks against their key prefixes (the causal blocks skipped): the dense attention's
     outputs and gradients wherever a query sees a key, with packed segments and a padded tail."""
     b, t, h, kv, d = 2, 200, 4, 2, 8
-    assert decoder.causal_blocks(t) == 6  # blocks of 34 queries, the last one shorter (30)
+    assert attention.causal_blocks(t) == 6  # blocks of 34 queries, the last one shorter (30)
     cfg = models.ModelConfig(64, 32, 64, 1, h, kv, d)
     rng = np.random.default_rng(2)
     q = jnp.asarray(rng.standard_normal((b, t, h, d)), jnp.float32)
@@ -109,23 +109,23 @@ def test_attend_causal_equals_dense_attend():
     seg[1, 150:] = 0  # padding
     seg = jnp.asarray(seg)
     slots = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    mask = decoder.segment_mask(slots, seg, seg)
+    mask = attention.segment_mask(slots, seg, seg)
     w = jnp.asarray(rng.standard_normal((b, t, h, d)), jnp.float32) * (seg > 0)[..., None, None]
 
     def loss(fn, *xs):
         return (fn(cfg, *xs, mask) * w).sum()
 
-    for fn in (decoder.attend_causal, decoder.attend):
+    for fn in (attention.attend_causal, attention.attend):
         assert fn(cfg, q, keys_t, values, mask).shape == (b, t, h, d)
     real = np.asarray(seg > 0)
     np.testing.assert_allclose(
-        np.asarray(decoder.attend_causal(cfg, q, keys_t, values, mask))[real],
-        np.asarray(decoder.attend(cfg, q, keys_t, values, mask))[real],
+        np.asarray(attention.attend_causal(cfg, q, keys_t, values, mask))[real],
+        np.asarray(attention.attend(cfg, q, keys_t, values, mask))[real],
         rtol=1e-5,
         atol=1e-6,
     )
-    grads = jax.grad(lambda *xs: loss(decoder.attend_causal, *xs), (0, 1, 2))(q, keys_t, values)
-    refs = jax.grad(lambda *xs: loss(decoder.attend, *xs), (0, 1, 2))(q, keys_t, values)
+    grads = jax.grad(lambda *xs: loss(attention.attend_causal, *xs), (0, 1, 2))(q, keys_t, values)
+    refs = jax.grad(lambda *xs: loss(attention.attend, *xs), (0, 1, 2))(q, keys_t, values)
     for g, r in zip(grads, refs, strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-5, atol=1e-5)
 
@@ -152,6 +152,17 @@ def test_token_logprobs_chunked_equals_one_chunk(batch):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g5), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_head_chunk_bounds_logits_bytes():
+    """Head chunks shrink when [B, chunk, V] f32 logits per device would pass the byte bound (a
+    152k vocabulary at 64 rows: 27 positions, not 512); a mesh divides batch and vocab first."""
+    big = models.ModelConfig(152064, 64, 128, 2, 4, 2, 16)
+    assert models.api.head_chunk(big.replace(vocab_size=1024), 32) == 512
+    assert models.api.head_chunk(big, 64) == (1 << 30) // (4 * 64 * 152064) == 27
+    assert models.api.head_chunk(big, 1 << 20) == 16  # never below 16 positions
+    with sharding.use_mesh(models.make_mesh((2, 2, 2), jax.devices()[:8])):
+        assert models.api.head_chunk(big, 64) == (1 << 30) // (4 * 16 * 76032) == 220
 
 
 @pytest.mark.parametrize("name, scan", [("qwen2_tied", True), ("llama", True), ("llama", False)])

@@ -12,7 +12,7 @@ import pytest
 
 from rcgrpo_jax import distributed
 from rcgrpo_jax.config import base_config
-from rcgrpo_jax.models import decoder
+from rcgrpo_jax.models import attention
 from rcgrpo_jax.tools import plan as planner
 from rcgrpo_jax.tools.chips import parse_topology
 
@@ -48,6 +48,7 @@ def test_all_programs_compile_and_report(base_row):
         assert r["temp_gib"] > 0 and r["argument_gib"] > 0
         assert r["fits"] and r["time_s"] > 0 and 0 < r["mfu"] <= 1
     assert rows[0]["mesh"] == "1x4x2" and base_row["mesh"] == "1x8x1"
+    assert base_row["attention"] == base_row["attention_compiled"] == "flash"
     assert rows[0]["resident_gib"] > 0  # optimizer moments stay beside the sampler
     table = planner.format_table(rows + [base_row])
     assert table.count("\n") == 3 and "| train |" in table
@@ -67,16 +68,42 @@ def test_full_remat_uses_less_temp_memory(base_row):
 
 
 def test_flops_formula():
-    cfg = planner.model_config(_tiny())
+    cfg = planner.model_config(_tiny()).replace(attention="dense")
     shape = planner.Shape(prompts=2, group=4, seq=128)
     model, hw = planner.train_flops(cfg, shape)
     n = planner.matmul_params(cfg)
     tokens = 2 * 4 * 128
     attn = 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * 128 * tokens
     assert model == 6 * n * tokens + attn  # the full T x T, whatever the step skips
-    blocks = decoder.causal_blocks(128)
+    blocks = attention.causal_blocks(128)
     assert blocks == 4 and hw == 6 * n * tokens + attn * 5 / 8  # (4 + 1) / (2 * 4) computed
     assert n < cfg.num_params() + cfg.hidden_size * cfg.vocab_size
+    # flash at T = 2048: 4 blocks of 512, (4 + 1) / 8 of T x T, 3.5 passes (scores recomputed)
+    shape = planner.Shape(prompts=2, group=4, seq=2048)
+    model, hw = planner.train_flops(cfg.replace(attention="flash"), shape)
+    tokens = 2 * 4 * 2048
+    attn_fwd = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * 2048 * tokens
+    assert model == 6 * n * tokens + 3 * attn_fwd
+    assert hw == pytest.approx(6 * n * tokens + 3.5 * attn_fwd * 5 / 8)
+
+
+def test_plans_what_the_config_runs():
+    """T, P, G, grad_accum come from the config's RL update unless given; a TPU config's
+    splash attention is compiled as flash, and the row says both."""
+    c = base_config()
+    c.rl.max_len, c.rl.num_prompts, c.rl.minibatches, c.rl.optim.grad_accum = 12288, 8, 2, 2
+    shape = planner.shape_from_config(c)
+    assert (shape.seq, shape.prompts, shape.group, shape.grad_accum) == (12288, 4, 8, 2)
+    assert planner.shape_from_config(c, seq=4096, grad_accum=None).seq == 4096
+    c.model.hf_path = "/nonexistent/Qwen2.5-7B-Instruct"
+    cfg = planner.model_config(c)
+    assert cfg.attention == "auto" and planner.planned_attention(cfg, 16384) == ("splash", "flash")
+    assert planner.planned_attention(_tiny_cfg(), 512) == ("flash", "flash")  # head_dim 16
+    assert planner.planned_attention(cfg.replace(attention="dense"), 512) == ("dense", "dense")
+
+
+def _tiny_cfg():
+    return planner.model_config(_tiny())
 
 
 @pytest.mark.parametrize(

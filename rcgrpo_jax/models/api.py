@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -76,6 +77,23 @@ def head_weights(cfg: ModelConfig, params: Params) -> jax.Array:
     return params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
 
 
+LOGITS_CHUNK_BYTES = 1 << 30  # f32 logits of one head chunk, per device (`head_chunk`)
+
+
+def head_chunk(cfg: ModelConfig, batch: int, chunk: int = 512) -> int:
+    """Positions per head chunk of `token_logprobs`: `chunk`, or fewer (>= 16) when one chunk's
+    [B, chunk, V] f32 logits on a device would exceed LOGITS_CHUNK_BYTES. A small model with a
+    152k vocabulary at 64 rows holds 39 MB of logits per position: 20 GB at 512 positions."""
+    b, v = batch, cfg.vocab_size
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and set(mesh.axis_names) == set(sharding.MESH_AXES):
+        spec = sharding.logical_to_spec(("act_batch", "act_vocab"), (b, v), mesh)
+        ways = [math.prod(mesh.shape[a] for a in ((ax,) if isinstance(ax, str) else ax or ()))
+                for ax in spec]  # fmt: skip
+        b, v = -(-b // ways[0]), -(-v // ways[1])
+    return max(16, min(chunk, LOGITS_CHUNK_BYTES // (4 * b * v)))
+
+
 def token_logprobs(
     cfg: ModelConfig,
     params: Params,
@@ -87,17 +105,18 @@ def token_logprobs(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(log p(tokens[:, t+1] | <= t), entropy at t, valid) — each [B, T-1], float32.
 
-    The head runs over `chunk` positions at a time under `jax.checkpoint`, so neither the forward
-    nor the backward pass holds more than [B, chunk, V] logits. Rows that fit one chunk skip the
-    checkpoint: their logits are within that bound already, and recomputing them would cost one
-    more head matmul. `valid` marks targets in the same non-zero segment as their context
-    (packed examples never predict across a boundary). Both SFT and RL losses are built on this
-    one function.
+    The head runs over `chunk` positions at a time (fewer when the logits would pass
+    `head_chunk`'s byte bound) under `jax.checkpoint`, so neither the forward nor the backward
+    pass holds more than [B, chunk, V] logits. Rows that fit one chunk skip the checkpoint: their
+    logits are within that bound already, and recomputing them would cost one more head matmul.
+    `valid` marks targets in the same non-zero segment as their context (packed examples never
+    predict across a boundary). Both SFT and RL losses are built on this one function.
     """
     hidden = Decoder(cfg).apply({"params": params}, tokens, positions, segments, return_hidden=True)
     hidden, targets = hidden[:, :-1], tokens[:, 1:].astype(jnp.int32)
     b, t, e = hidden.shape
     head = head_weights(cfg, params).astype(cfg.compute_dtype)
+    chunk = head_chunk(cfg, b, chunk)
 
     def one(h, y):
         logits = lm_logits(cfg, h, head)

@@ -9,6 +9,7 @@ from typing import Any
 import jax.numpy as jnp
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+ATTENTION_KINDS = ("auto", "dense", "flash", "splash", "cudnn")  # see models/attention.py
 
 
 def known_fields(cls: type, d: Mapping[str, Any], what: str) -> dict[str, Any]:
@@ -57,6 +58,9 @@ class ModelConfig:
     # The compiled program grows with L, but no scan carries the residuals, so the backward
     # pass skips stacking them into [L, ...] buffers (zero-fill, update-slice, slice back).
     scan_layers: bool = True
+    # The attention kernel (one of ATTENTION_KINDS; `models.attention.resolve` says what `auto`
+    # picks per backend). Every kind computes the same masking rule; only memory/speed differ.
+    attention: str = "auto"
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -65,6 +69,8 @@ class ModelConfig:
             )
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r}; expected one of {REMAT_POLICIES}")
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention={self.attention!r}; expected one of {ATTENTION_KINDS}")
         if self.family not in ("qwen2", "llama"):
             raise ValueError(f"family={self.family!r}; expected 'qwen2' or 'llama'")
 

@@ -6,10 +6,13 @@ The two families differ only in flags on `ModelConfig`: q/k/v biases (Qwen2), ti
 
 Attention masking is expressed with *segments* and *slots*, which covers training with left or
 right padding, packed sequences, and KV-cache continuation with one rule: a query at slot q sees
-key slot s iff s <= q and both carry the same non-zero segment id (0 = padding / empty).
+key slot s iff s <= q and both carry the same non-zero segment id (0 = padding / empty). The
+kernels that compute it (dense | flash | splash | cudnn, `ModelConfig.attention`) live in
+`models.attention`.
 
-The layer math lives in pure functions (`project_qkv`, `attend`, `mlp`, ...) that the Linen
-modules here and the sampler's cached forward (`sampling.forward`) share.
+The layer math lives in pure functions (`project_qkv`, `mlp`, ...; attention in
+`models.attention`) that the Linen modules here and the sampler's cached forward
+(`sampling.forward`) share.
 """
 
 from __future__ import annotations
@@ -22,10 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rcgrpo_jax.models import attention
 from rcgrpo_jax.models.config import ModelConfig
 from rcgrpo_jax.models.sharding import constrain
-
-_MASKED = -1e30  # finite, so rows with no visible key (padding queries) give no NaN
 
 
 def _param(
@@ -73,17 +75,6 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
     return scale.astype(x.dtype) * y.astype(x.dtype)
-
-
-def segment_mask(q_slot: jax.Array, q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
-    """[B, T, S]: query at slot q_slot[b, t] sees key slot s iff s <= q_slot and both carry the
-    same non-zero segment (the one masking rule)."""
-    kv_slot = jnp.arange(kv_segments.shape[1], dtype=jnp.int32)
-    return (
-        (kv_slot[None, None, :] <= q_slot[:, :, None])
-        & (kv_segments[:, None, :] == q_segments[:, :, None])
-        & (kv_segments[:, None, :] > 0)
-    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -147,83 +138,6 @@ def project_qkv(
     )
 
 
-@jax.custom_vjp
-def _weighted_values(probs: jax.Array, values: jax.Array) -> jax.Array:
-    """probs [B, KV, G, T, S] @ values [B, KV, S, D] -> [B, KV, G, T, D].
-
-    Custom VJP for the same reason as `dense`: autodiff's dValues contracts the query axes of
-    probs, and XLA:CPU copies the whole [.., T, S] probs transposed to feed it; here the small
-    output gradient is the transposed operand and dValues^T [.., D, S] is turned around after.
-    """
-    return jnp.einsum("bkgts,bksd->bkgtd", probs, values)
-
-
-def _weighted_values_fwd(probs, values):
-    return _weighted_values(probs, values), (probs, values)
-
-
-def _weighted_values_bwd(res, g):
-    probs, values = res
-    g_probs = jnp.einsum("bkgtd,bksd->bkgts", g.astype(probs.dtype), values)
-    g_values_t = jax.lax.dot_general(
-        g.astype(values.dtype),
-        probs.astype(values.dtype),
-        (((2, 3), (2, 3)), ((0, 1), (0, 1))),
-        preferred_element_type=values.dtype,
-    )  # [B, KV, D, S]
-    return g_probs.astype(probs.dtype), g_values_t.transpose(0, 1, 3, 2)
-
-
-_weighted_values.defvjp(_weighted_values_fwd, _weighted_values_bwd)
-
-
-def attend(
-    cfg: ModelConfig, q: jax.Array, keys_t: jax.Array, values: jax.Array, mask: jax.Array
-) -> jax.Array:
-    """Grouped-query attention: q [B, T, H, D] over keys_t [B, KV, D, S] (keys transposed) and
-    values [B, KV, S, D] where mask [B, T, S] allows; returns [B, T, H, D].
-
-    Both dots are plain [.., M, K] @ [.., K, N] products: scores come out [B, KV, G, T, S], so
-    neither the softmax nor the second dot relayouts the one large tensor, and a KV cache kept
-    in these layouts is read as it lies (on CPU, contracting keys stored [S, D] cost 8x more
-    per decode step at 1.5k slots than keys stored [D, S]).
-    """
-    b, t, h, d = q.shape
-    kv = keys_t.shape[1]
-    qg = q.reshape(b, t, kv, h // kv, d).transpose(0, 2, 3, 1, 4)  # [B, KV, G, T, D]
-    scores = jnp.einsum("bkgtd,bkds->bkgts", qg, keys_t, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask[:, None, None], scores * (1.0 / math.sqrt(d)), _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
-    out = _weighted_values(probs, values).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
-    return constrain(out, ("act_batch", "act_len", "act_heads", "head_dim"))
-
-
-def causal_blocks(t: int) -> int:
-    """Query blocks `attend_causal` splits a length-t sequence into: at most 8, at least 32
-    queries each. Blocks above the diagonal are skipped, so it computes (n + 1) / 2n of the
-    dense attention (56% at n = 8); smaller blocks save more but add per-block overhead."""
-    return max(1, min(8, t // 32))
-
-
-def attend_causal(
-    cfg: ModelConfig, q: jax.Array, keys_t: jax.Array, values: jax.Array, mask: jax.Array
-) -> jax.Array:
-    """`attend` for self-attention over one sequence, query t at key slot t (the training
-    forward): the queries go in `causal_blocks` blocks, each against the keys up to its own last
-    slot only. The skipped blocks are ones the causal mask discards whole, so every query that
-    sees a key gets `attend`'s math (fully masked padding queries average fewer values; nothing
-    reads them). On CPU the suite's train step gets ~14% faster (README "Benchmarks")."""
-    t = q.shape[1]
-    n = causal_blocks(t)
-    size = -(-t // n)
-    outs = []
-    for start in range(0, t, size):
-        end = min(start + size, t)
-        block = (q[:, start:end], keys_t[..., :end], values[:, :, :end], mask[:, start:end, :end])
-        outs.append(attend(cfg, *block))
-    return outs[0] if n == 1 else jnp.concatenate(outs, axis=1)
-
-
 def attention_out(cfg: ModelConfig, p: dict[str, jax.Array], out: jax.Array) -> jax.Array:
     return dense(out, p["wo"].astype(cfg.compute_dtype), 2)
 
@@ -265,7 +179,7 @@ class Attention(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x, positions, mask):
+    def __call__(self, x, positions, mask: attention.Mask):
         cfg = self.cfg
         e, h, kv, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         pd = cfg.weight_dtype
@@ -287,7 +201,7 @@ class Attention(nn.Module):
         values = constrain(
             v.transpose(0, 2, 1, 3), ("act_batch", "act_kv_heads", "act_len", "head_dim")
         )
-        return attention_out(cfg, p, attend_causal(cfg, q, keys_t, values, mask))
+        return attention_out(cfg, p, attention.apply(cfg, q, keys_t, values, mask))
 
 
 class Mlp(nn.Module):
@@ -354,7 +268,9 @@ class Decoder(nn.Module):
         )
         x = constrain(embed(cfg, embedding, tokens), ("act_batch", "act_len", "act_embed"))
         slots = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-        mask = segment_mask(slots, segments, segments)
+        # Init only needs shapes: dense there, so a kernel this backend lacks fails only when run.
+        kind_cfg = cfg.replace(attention="dense") if self.is_initializing() else cfg
+        mask = attention.prepare(kind_cfg, slots, segments, segments, self_attn=True)
 
         layer = DecoderLayer
         if cfg.remat != "none":

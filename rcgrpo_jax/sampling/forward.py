@@ -4,12 +4,13 @@
 Driving a KV cache through that scan costs, on every decode step, a copy of the whole cache in
 and out of the scan — on CPU that was ~70% of a batch-32 decode step at 512 cache slots. Here
 each layer owns its cache buffers (updated in place inside the jitted loop), laid out as
-`models.decoder.attend` reads them, and the layer loop is unrolled over weights sliced out of
+`models.attention` reads them, and the layer loop is unrolled over weights sliced out of
 the stacked params once per jitted call (outside the decode loop), not once per step.
 
-The math is the decoder's own (`models.decoder`: `project_qkv`, `attend`, `mlp`, `rms_norm`,
-`segment_mask`), only driven differently; the tests check the logits against `models.forward`
-and the tokens against transformers.
+The math is the decoder's own (`models.decoder`: `project_qkv`, `mlp`, `rms_norm`; attention
+through `models.attention`, whose dense or flash kernel also serves prefill and decode: flash
+visits only the cache blocks some row occupies), only driven differently; the tests check the
+logits against `models.forward` and the tokens against transformers.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from rcgrpo_jax import models
+from rcgrpo_jax.models import attention
 from rcgrpo_jax.models import decoder as dec
 from rcgrpo_jax.models.config import ModelConfig
 from rcgrpo_jax.models.sharding import constrain
@@ -32,7 +34,7 @@ V_AXES = ("cache_batch", "cache_kv_heads", "cache_len", "head_dim")
 @flax.struct.dataclass
 class Cache:
     """Per-row KV cache. `k[l]`: layer l's keys, transposed [B, KV, D, S]; `v[l]`: its values
-    [B, KV, S, D] (the layouts `models.decoder.attend` reads); `segments[b, s]` is 1 where slot s
+    [B, KV, S, D] (the layouts `models.attention` reads); `segments[b, s]` is 1 where slot s
     of row b holds a real token; `end[b]` is row b's next free slot."""
 
     k: tuple[jax.Array, ...]
@@ -105,7 +107,7 @@ def _attention(cfg, p, x, positions, mask, ck, cv, start, kv_len):
     q, k, v = dec.project_qkv(cfg, p, x, positions)
     ck = constrain(_write(ck, k.transpose(0, 2, 3, 1), start, axis=3), K_AXES)
     cv = constrain(_write(cv, v.transpose(0, 2, 1, 3), start, axis=2), V_AXES)
-    out = dec.attend(cfg, q, ck[..., :kv_len], cv[:, :, :kv_len], mask)
+    out = attention.apply(cfg, q, ck[..., :kv_len], cv[:, :, :kv_len], mask)
     return dec.attention_out(cfg, p, out), ck, cv
 
 
@@ -139,7 +141,7 @@ def apply_cached(
         cache.segments, segments, start
     )
     kv_len = cache.capacity if kv_len is None else min(kv_len, cache.capacity)
-    mask = dec.segment_mask(q_slot, segments, kv_segments[:, :kv_len])
+    mask = attention.prepare(cfg, q_slot, segments, kv_segments[:, :kv_len], self_attn=False)
     norm = lambda p, h: dec.rms_norm(h, p["scale"], cfg.rms_norm_eps)
     ks, vs = [], []
     for layer, ck, cv in zip(weights["layers"], cache.k, cache.v, strict=True):

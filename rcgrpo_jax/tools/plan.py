@@ -1,8 +1,16 @@
 """AOT planner: will a config fit a TPU slice, and how fast could its steps run?
 
     python -m rcgrpo_jax.tools.plan --config=configs/qwen7b.py --topology=v5p-16 \
-        [--prompts=8 --group=8 --seq=4096 --grad_accum=1] [--config.mesh.shape=(1,4,2)] \
+        [--prompts=8 --group=8 --seq=16384 --grad_accum=4] [--config.mesh.shape=(1,4,2)] \
         [--config.model.remat=full] [--json=plan.json]
+
+It plans what the config runs: P, G, T and grad_accum default to the config's RL update
+(`rl.num_prompts` / `rl.minibatches`, `rl.group_size`, `rl.max_len`, `rl.optim.grad_accum`; the
+flags override them), the prefill chunk to the sampler's `Buckets.chunk_max`, and the attention
+kernel to what `model.attention` picks on a TPU (`models.attention.resolve`). Splash is a Pallas
+TPU kernel, which does not compile for the CPU, so a splash config is compiled with `flash` in its
+place: the same O(T * block) memory (blockwise scores, output + log-sum-exp kept for the backward
+pass); the output says so.
 
 For a topology of N chips the planner runs on N virtual CPU devices (it re-executes itself with
 `XLA_FLAGS=--xla_force_host_platform_device_count=N`), builds the config's (data, fsdp, tensor)
@@ -83,14 +91,33 @@ HEADROOM = 0.9  # "fits" = peak <= 90% of HBM (runtime reservations, fragmentati
 class Shape:
     prompts: int = 8  # P
     group: int = 8  # G rollouts per prompt
-    seq: int = 4096  # T tokens per trajectory (= decode cache length)
+    seq: int = 16384  # T tokens per trajectory (= decode cache length)
     grad_accum: int = 1  # microbatches of whole groups in the train step
-    prefill_chunk: int = 512  # the sampler's largest prefill chunk (Buckets.chunk_max)
+    prefill_chunk: int = 128  # the sampler's largest prefill chunk (Buckets.chunk_max)
     decode_steps: int = 64  # tokens per decode call (Buckets.decode_steps); memory barely moves
 
     @property
     def rollouts(self) -> int:
         return self.prompts * self.group
+
+
+def shape_from_config(config, **overrides: int | None) -> Shape:
+    """The [P, G, T] update the config's RL stage runs (`rl.*`: P = num_prompts / minibatches
+    prompts per update); overrides that are not None win."""
+    from rcgrpo_jax.sampling import Buckets
+
+    rl = config.rl
+    buckets = Buckets()
+    base = {
+        "prompts": int(rl.num_prompts) // max(1, int(rl.minibatches)),
+        "group": int(rl.group_size),
+        "seq": int(rl.max_len),
+        "grad_accum": int(rl.optim.grad_accum),
+        "prefill_chunk": buckets.chunk_max,
+        "decode_steps": buckets.decode_steps,
+    }
+    base.update({k: int(v) for k, v in overrides.items() if v is not None})
+    return Shape(**base)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +135,13 @@ def model_config(config, extra_vocab: int = 0):
     from rcgrpo_jax import models
 
     m = config.model
-    common = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+    common = dict(
+        dtype=m.dtype,
+        param_dtype=m.param_dtype,
+        remat=m.remat,
+        scan_layers=bool(m.scan_layers),
+        attention=m.attention,
+    )
     hf_path = Path(m.hf_path) if m.hf_path else None
     if hf_path is not None and (hf_path / "config.json").is_file():
         cfg = models.config_from_hf(json.loads((hf_path / "config.json").read_text()), **common)
@@ -122,6 +155,23 @@ def model_config(config, extra_vocab: int = 0):
     else:
         cfg = models.ModelConfig.from_dict(dict(m.arch.to_dict(), **common))
     return cfg.replace(vocab_size=cfg.vocab_size + extra_vocab) if extra_vocab else cfg
+
+
+def planned_attention(cfg, seq: int) -> tuple[str, str]:
+    """(kernel the config runs on a TPU, kernel the CPU compile stands in with): splash is
+    compiled as flash (see the module docstring); the sampler's cached attention is flash or
+    dense either way."""
+    from rcgrpo_jax.models import attention
+
+    kind = attention.resolve(
+        cfg.attention,
+        backend="tpu",
+        self_attn=True,
+        kv_len=seq,
+        head_dim=cfg.head_dim,
+        dtype=cfg.compute_dtype,
+    )
+    return kind, "flash" if kind == "splash" else kind
 
 
 def resolve_mesh_shape(shape: Sequence[int], n: int) -> tuple[int, ...]:
@@ -315,21 +365,23 @@ def train_flops(cfg, shape: Shape) -> tuple[float, float]:
     model    = 6·N·tokens + 12·L·H·D·T·tokens   (fwd 2 + bwd 4 per weight per token; attention
                QKᵀ and PV, 2·2·H·D·T per token per layer forward, ×3 with backward, over the
                full T×T: PaLM's MFU convention, whatever an implementation skips)
-    hardware = what our step computes: the attention only over the query blocks' key prefixes
-               (`decoder.causal_blocks`: (n + 1) / 2n of T×T), plus what the remat policy
-               recomputes in the backward pass: full: one more forward of the layers;
+    hardware = what our step computes (`models.attention.flop_units` of `cfg.attention`, "auto"
+               as on a TPU): the attention only over the blocks on or below the causal diagonal
+               (dense: `causal_blocks`; flash/splash: 512-blocks), ×3 with backward for dense,
+               ×3.5 for the blockwise kernels (they recompute the scores), plus what the remat
+               policy recomputes in the backward pass: full: one more forward of the layers;
                dots_no_batch: the attention einsums; dots / none: nothing.
     """
-    from rcgrpo_jax.models.decoder import causal_blocks
+    from rcgrpo_jax.models.attention import flop_units
 
     tokens = shape.rollouts * shape.seq
     n = matmul_params(cfg)
     n_layers = n - cfg.hidden_size * cfg.vocab_size
     attn_fwd = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * shape.seq  # per token
-    blocks = causal_blocks(shape.seq)
-    attn_hw = attn_fwd * (blocks + 1) / (2 * blocks)
+    fraction, passes = flop_units(planned_attention(cfg, shape.seq)[1], shape.seq)
+    attn_hw = attn_fwd * fraction
     model = (6 * n + 3 * attn_fwd) * tokens
-    hardware = 6 * n + 3 * attn_hw
+    hardware = 6 * n + passes * attn_hw
     hardware += {"full": 2 * n_layers + attn_hw, "dots_no_batch": attn_hw}.get(cfg.remat, 0)
     return float(model), float(hardware * tokens)
 
@@ -433,6 +485,8 @@ def plan(
     mesh_shape = resolve_mesh_shape(config.mesh.shape, topo.chips)
     mesh = models.make_mesh(mesh_shape, devices[: topo.chips])
     cfg = model_config(config, extra_vocab)
+    attention, compiled_as = planned_attention(cfg, shape.seq)
+    cfg = cfg.replace(attention=compiled_as)
     if shape.prompts % shape.grad_accum:
         raise ValueError(f"prompts={shape.prompts} not divisible by grad_accum={shape.grad_accum}")
 
@@ -454,6 +508,8 @@ def plan(
         "hosts": topo.hosts,
         "mesh": "x".join(map(str, mesh_shape)),
         "remat": cfg.remat,
+        "attention": attention,
+        "attention_compiled": compiled_as,
         "P": shape.prompts,
         "G": shape.group,
         "T": shape.seq,
@@ -494,6 +550,9 @@ COLUMNS = (
     ("topology", "{}"),
     ("mesh", "{}"),
     ("remat", "{}"),
+    ("attention", "{}"),
+    ("T", "{}"),
+    ("grad_accum", "{}"),
     ("program", "{}"),
     ("argument_gib", "{:.2f}"),
     ("output_gib", "{:.2f}"),
@@ -533,6 +592,15 @@ def describe(rows: Sequence[dict[str, Any]], assume: Assumptions) -> str:
             f"model {r['model']} ({r['params_b']:.2f}B params), {r['topology']} = {r['chips']} "
             f"{r['chip']} chips on {r['hosts']} hosts; batch P={r['P']} x G={r['G']} x "
             f"T={r['T']}, grad_accum={r['grad_accum']}; train state {r['state_gib']:.2f} GiB/chip",
+            f"attention: {r['attention']}"
+            + (
+                f", compiled here as {r['attention_compiled']} (Pallas TPU kernels do not compile "
+                "for the CPU; same O(T x block) memory)"
+                if r["attention_compiled"] != r["attention"]
+                else ""
+            )
+            + "; the sampler's prefill/decode attend with "
+            + ("dense" if r["attention_compiled"] == "dense" else "flash"),
             "memory: per device, from XLA:CPU buffer assignment (peak = args + outputs - donated "
             "+ temp); rollout programs add 'resident' = the optimizer moments that stay on device",
             f"fits: total <= {assume.headroom:.0%} of HBM. time: max(hw FLOPs / (chips x peak x "
@@ -585,14 +653,14 @@ def _define_flags():
 
     config = config_flags.DEFINE_config_file("config", "configs/qwen7b.py", "Experiment config.")
     flags.DEFINE_string("topology", "v5p-16", "TPU slice, e.g. v5p-16 (cores), v6e-16 (chips).")
-    flags.DEFINE_integer("prompts", 8, "P: prompts per step.")
-    flags.DEFINE_integer("group", 8, "G: rollouts per prompt.")
-    flags.DEFINE_integer("seq", 4096, "T: tokens per trajectory (= decode cache length).")
-    flags.DEFINE_integer("grad_accum", 1, "Microbatches of whole groups in the train step.")
-    flags.DEFINE_integer("prefill_chunk", 512, "Prefill chunk length.")
+    flags.DEFINE_integer("prompts", None, "P: prompts per step (default: rl.num_prompts).")
+    flags.DEFINE_integer("group", None, "G: rollouts per prompt (default: rl.group_size).")
+    flags.DEFINE_integer("seq", None, "T: tokens per trajectory = cache length (rl.max_len).")
+    flags.DEFINE_integer("grad_accum", None, "Train-step microbatches (rl.optim.grad_accum).")
+    flags.DEFINE_integer("prefill_chunk", None, "Prefill chunk length (Buckets.chunk_max).")
     flags.DEFINE_list("programs", ["train", "decode", "prefill"], f"Subset of {PROGRAMS}.")
     flags.DEFINE_float("efficiency", 0.6, "Assumed fraction of peak FLOP/s reached.")
-    flags.DEFINE_float("kl_beta", 0.0, "KL weight (>0 adds the ref_logprobs input).")
+    flags.DEFINE_float("kl_beta", None, "KL weight, >0 adds ref_logprobs (rl.kl_beta).")
     flags.DEFINE_integer("extra_vocab", 0, "Rows added to the vocabulary (reward tokens).")
     flags.DEFINE_string("json", "", "Also write the rows as JSON to this file.")
     return config
@@ -606,15 +674,23 @@ def main(argv: Sequence[str]) -> int:
     f = flags.FLAGS
     if len(argv) > 1:
         raise SystemExit(f"unexpected arguments: {' '.join(argv[1:])}")
-    shape = Shape(f.prompts, f.group, f.seq, f.grad_accum, f.prefill_chunk)
+    config = _CONFIG.value
+    shape = shape_from_config(
+        config,
+        prompts=f.prompts,
+        group=f.group,
+        seq=f.seq,
+        grad_accum=f.grad_accum,
+        prefill_chunk=f.prefill_chunk,
+    )
     assume = Assumptions(efficiency=f.efficiency)
     rows = plan(
-        _CONFIG.value,
+        config,
         f.topology,
         shape,
         programs=f.programs,
         assume=assume,
-        kl_beta=f.kl_beta,
+        kl_beta=float(config.rl.kl_beta if f.kl_beta is None else f.kl_beta),
         extra_vocab=f.extra_vocab,
     )
     print(format_table(rows))
