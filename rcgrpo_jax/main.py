@@ -6,6 +6,7 @@ The whole config is validated before any work (`config_check`); library logs sta
 
 from __future__ import annotations
 
+import errno
 import importlib
 import importlib.util
 import re
@@ -93,6 +94,14 @@ def main(argv: list[str]) -> int:
             )
             return 2
         raise
+    except OSError as e:  # a full disk wherever a stage writes: one line naming the path
+        if e.errno != errno.ENOSPC:
+            raise
+        print(
+            f"error: no space left on device writing {e.filename or config.workdir}",
+            file=sys.stderr,
+        )
+        return 2
     except Exception as e:  # one clear line for checkpoint problems, tracebacks for bugs
         from rcgrpo_jax.models import CheckpointError
 

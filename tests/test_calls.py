@@ -94,11 +94,15 @@ def test_qwen_format():
     )
     assert extract_calls(text, "qwen") == ["cd(folder='document')", "mean(numbers=[1, 2])"]
     assert extract_calls("No tools needed.", "qwen") == []
-    assert extract_calls('<tool_call>{"name": 3}</tool_call>', "qwen") == []
-    assert extract_calls('<tool_call>{"name": "a.b", "arguments": {}}</tool_call>', "qwen") == []
-    assert (
-        extract_calls('<tool_call>{"name": "f", "arguments": {"x": NaN}}</tool_call>', "qwen") == []
-    )
+    # A malformed call is kept as its JSON, which parse_call rejects (an error tool message).
+    for block in [
+        '{"name": 3}',
+        '{"name": "a.b", "arguments": {}}',
+        '{"name": "f", "arguments": {"x": NaN}}',
+    ]:
+        (kept,) = extract_calls(f"<tool_call>{block}</tool_call>", "qwen")
+        with pytest.raises(CallError):
+            parse_call(kept)
 
 
 def test_llama_format():

@@ -147,7 +147,7 @@ def test_default_output_is_quiet(run_all):
     assert noise == [], noise[:5]
     out = config.stdout.splitlines()
     for arm in ("base", "warm_start", "sft", "rctp", "sft_grpo", "rctp_rcgrpo", "rctp_grpo"):
-        assert any(line.startswith(f"{arm}: ") for line in out), (arm, out)
+        assert any(re.match(rf"{arm}( \(\w+\))?: ", line) for line in out), (arm, out)
     assert config.stdout.rstrip().endswith(
         (Path(config.workdir) / "table.txt").read_text().rstrip()
     )
@@ -175,3 +175,34 @@ def test_rl_resume_is_exact(run_all, tmp_path):
     _, pa = models.load_hf(tmp_path / "once" / "export")
     _, pb = models.load_hf(tmp_path / "resumed" / "export")
     jax.tree.map(np.testing.assert_array_equal, pa, pb)
+
+
+def test_all_killed_in_a_middle_arm_resumes_exactly(run_all, tmp_path):
+    """Stage `all` killed (SIGKILL, at a random point) inside its middle RL arm, then run again:
+    summary, table and every RL arm's logs equal the uninterrupted run's. The stages before
+    that arm are copied from the uninterrupted run: they are what the killed run would have
+    written (the runs are deterministic), and it saves a minute."""
+    import random
+    import shutil
+
+    from test_kill_resume import comparable, kill_seed, left_behind, lines, run_and_kill
+
+    config, _ = run_all
+    ref, workdir = Path(config.workdir), tmp_path / "all"
+    later = {"rctp_rcgrpo", "rctp_grpo", "summary.json", "table.txt", "dynamics.png"}
+    shutil.copytree(
+        ref, workdir, ignore=lambda d, names: later & set(names) if d == str(ref) else ()
+    )
+    arm = workdir / "rctp_rcgrpo"
+    delay = random.Random(kill_seed()).uniform(0.0, 0.8)
+    run_and_kill(workdir, lambda: lines(arm / "metrics.jsonl") >= 1, delay)
+    print(f"killed {delay:.2f} s after the middle arm's first iteration: {left_behind(arm)}")
+    assert not (arm / "summary.json").exists() and not (workdir / "rctp_grpo").exists()
+    main(workdir)
+    for name in ("summary.json", "table.txt"):
+        assert (workdir / name).read_text() == (ref / name).read_text()
+    for name in ("sft_grpo", "rctp_rcgrpo", "rctp_grpo"):
+        for log in ("metrics.jsonl", "rollouts.jsonl"):
+            assert comparable(read_jsonl(workdir / name / log)) == comparable(
+                read_jsonl(ref / name / log)
+            ), (name, log)

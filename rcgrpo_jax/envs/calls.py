@@ -7,13 +7,23 @@ executor (`envs/executor.py`), never by the text.
 
 Decoded calls are kept as BFCL-style strings (`name(a, k='v')`), the shape bfcl-eval's
 `multi_turn_checker` takes; `parse_call` turns such a string back into a `Call`.
+
+Nothing here raises on model text. A call that is recognisably meant (a python call in the list,
+a JSON object with a "name") but malformed (a non-literal or unhashable argument, a non-finite
+number, a lone surrogate, a name that is not a function name, arguments that are not an object)
+is kept as text that `parse_call` rejects with the reason, so executing it gives an error tool
+message, in the episode and in the reward alike. Text that is no call at all yields no calls.
 """
 
 from __future__ import annotations
 
 import ast
+import cmath
 import json
+import keyword
+import math
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,10 +48,35 @@ class Call:
 # Literals
 
 
+def _constant(value: Any) -> Any:
+    """A literal's leaf value, refused where a simulator could not take it (or a call string
+    could not carry it): `...`, NaN/inf, strings that are not valid unicode."""
+    if value is Ellipsis:
+        raise CallError("`...` is not a value")
+    if (isinstance(value, float) and not math.isfinite(value)) or (
+        isinstance(value, complex) and not cmath.isfinite(value)
+    ):
+        raise CallError(f"non-finite number {value!r} is not allowed")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise CallError("string is not valid unicode (lone surrogate)") from None
+    return value
+
+
+def _hashable(build, items, what: str) -> Any:
+    """`build(items)` for a set or dict, with unhashable elements/keys as a CallError."""
+    try:
+        return build(items)
+    except TypeError as e:
+        raise CallError(f"{what} must be hashable: {e}") from None
+
+
 def _literal(node: ast.AST) -> Any:
     """Value of a literal expression node; raises CallError on anything that could run code."""
     if isinstance(node, ast.Constant):
-        return node.value
+        return _constant(node.value)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         value = _literal(node.operand)
         if isinstance(value, bool) or not isinstance(value, (int, float, complex)):
@@ -52,12 +87,21 @@ def _literal(node: ast.AST) -> Any:
     if isinstance(node, ast.Tuple):
         return tuple(_literal(e) for e in node.elts)
     if isinstance(node, ast.Set):
-        return {_literal(e) for e in node.elts}
+        return _hashable(set, [_literal(e) for e in node.elts], "set elements")
     if isinstance(node, ast.Dict):
         if any(k is None for k in node.keys):  # `{**x}`
             raise CallError("dict unpacking is not a literal")
-        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values, strict=True)}
+        pairs = [(_literal(k), _literal(v)) for k, v in zip(node.keys, node.values, strict=True)]
+        return _hashable(dict, pairs, "dict keys")
     raise CallError(f"argument is not a literal: {type(node).__name__}")
+
+
+def _parse(source: str) -> ast.expr:
+    """`ast.parse` in eval mode, silent: model text must not print warnings (invalid escapes,
+    `1ls`) on every step."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(source, mode="eval").body
 
 
 def _call_from_node(node: ast.AST) -> Call:
@@ -82,21 +126,48 @@ def _call_from_node(node: ast.AST) -> Call:
 
 
 def parse_call(text: str) -> Call:
-    """Parse one call string such as `mv(source='a', destination='b')` (no code is run)."""
+    """Parse one call string such as `mv(source='a', destination='b')` (no code is run).
+
+    A JSON tool-call object (what the JSON extractors keep of a malformed call) is refused with
+    the reason it was refused for: JSON never runs.
+    """
+    text = text.strip()
+    if text.startswith("{"):
+        return _refuse_json_call(text)
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        tree = _parse(text)
     except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
         raise CallError(f"invalid call syntax: {e}") from None
     try:
-        return _call_from_node(tree.body)
+        return _call_from_node(tree)
     except RecursionError:
         raise CallError("argument nested too deeply") from None
 
 
 def format_call(call: Call) -> str:
-    """BFCL-style call string; `parse_call(format_call(c)) == c` for finite values."""
+    """BFCL-style call string; `parse_call(format_call(c)) == c` for every parsed call."""
     parts = [repr(a) for a in call.args] + [f"{k}={v!r}" for k, v in call.kwargs.items()]
     return f"{call.name}({','.join(parts)})"
+
+
+_CALLEE = re.compile(r"\s*([^\W\d]\w*)\s*\(")
+
+
+def call_name(text: str) -> str:
+    """Function name of a decoded call string, even a malformed one ("" if it names none):
+    the name its tool message carries."""
+    try:
+        return parse_call(text).name
+    except CallError:
+        pass
+    if text.lstrip().startswith("{"):
+        try:
+            name = json.loads(text).get("name")
+        except (ValueError, RecursionError, AttributeError):
+            return ""
+        return name if _is_name(name) else ""
+    match = _CALLEE.match(text)
+    return match.group(1) if match else ""
 
 
 def bind_positional(call: Call, param_names: Sequence[str]) -> Call:
@@ -120,27 +191,76 @@ def bind_positional(call: Call, param_names: Sequence[str]) -> Call:
 # Model text -> call strings
 
 
-def _reject_non_finite(token: str) -> float:
-    raise ValueError(f"non-finite number {token} is not allowed")
+def _is_name(text: Any) -> bool:
+    """A string usable as a function or keyword-argument name in a call string."""
+    return isinstance(text, str) and text.isidentifier() and not keyword.iskeyword(text)
 
 
-def _json_loads(text: str) -> Any:
-    return json.loads(text, parse_constant=_reject_non_finite)
+def _json_value(value: Any) -> Any:
+    """A decoded JSON value with its leaves checked like python literals (NaN/inf, surrogates)."""
+    if isinstance(value, dict):
+        return {_constant(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_value(v) for v in value]
+    return _constant(value)
 
 
 def _call_from_json(obj: Any, args_key: str) -> Call | None:
-    """Call from a `{"name": ..., args_key: {...}}` object, or None if it has another shape."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+    """Call from a `{"name": ..., args_key: {...}}` object; None if `obj` is no call at all (not
+    an object with a "name"); CallError if it is a malformed one."""
+    if not isinstance(obj, dict) or "name" not in obj:
         return None
-    args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
+    name = obj["name"]
+    if not _is_name(name):
+        shown = repr(name[:40]) if isinstance(name, str) else type(name).__name__
+        raise CallError(f"tool call name must be a function name, got {shown}")
+    args = _json_args(obj, args_key)
     if isinstance(args, str):  # some models double-encode the arguments
         try:
-            args = _json_loads(args)
-        except ValueError:
-            return None
-    if not isinstance(args, dict) or not obj["name"].isidentifier():
-        return None
-    return Call(obj["name"], (), dict(args))
+            args = json.loads(args)
+        except (ValueError, RecursionError):
+            raise CallError(f"{name}: arguments are a string that is not JSON") from None
+    if not isinstance(args, dict):
+        raise CallError(f"{name}: arguments must be an object, got {type(args).__name__}")
+    bad = next((k for k in args if not _is_name(k)), None)
+    if bad is not None:
+        raise CallError(f"{name}: argument name {bad[:40]!r} is not an identifier")
+    try:
+        return Call(name, (), _json_value(args))
+    except RecursionError:
+        raise CallError(f"{name}: argument nested too deeply") from None
+
+
+def _json_args(obj: dict, args_key: str) -> Any:
+    """The arguments of a JSON call: under `args_key`, else under the other format's key."""
+    other = "parameters" if args_key == "arguments" else "arguments"
+    return obj.get(args_key, obj.get(other, {}))
+
+
+def _refuse_json_call(text: str) -> Call:
+    """CallError for a kept malformed JSON call, with the reason it was refused for."""
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        raise CallError("invalid JSON tool call") from None
+    _call_from_json(obj, "arguments")  # raises the reason
+    raise CallError("a JSON tool call is not a call string")
+
+
+def _json_call_text(obj: Any, args_key: str) -> str | None:
+    """Decoded call string of a JSON object: the BFCL call; for a malformed call, its name and
+    arguments as JSON (which `parse_call` refuses with the same reason); None if `obj` is no
+    call."""
+    try:
+        call = _call_from_json(obj, args_key)
+    except CallError:
+        kept = {"name": obj["name"], "arguments": _json_args(obj, args_key)}
+        try:
+            return json.dumps(kept, ensure_ascii=True)
+        except (ValueError, RecursionError):  # nested past what json can write back
+            name = obj["name"] if _is_name(obj["name"]) else None
+            return json.dumps({"name": name, "arguments": "<nested too deeply>"})
+    return None if call is None else format_call(call)
 
 
 def _python_calls(text: str) -> list[str]:
@@ -151,7 +271,7 @@ def _python_calls(text: str) -> list[str]:
     if not body.endswith("]"):
         body = body + "]"
     try:
-        tree = ast.parse(body, mode="eval").body
+        tree = _parse(body)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return []
     elements = tree.elts if isinstance(tree, (ast.List, ast.Tuple)) else [tree]
@@ -173,16 +293,18 @@ _QWEN_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 def _qwen_calls(text: str) -> list[str]:
     """Qwen2.5 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks.
 
-    Blocks that are not such JSON are skipped, as bfcl-eval's Qwen handler does.
+    Blocks that are not JSON, or JSON without a "name", are skipped, as bfcl-eval's Qwen handler
+    does; a malformed call is kept (an error result when executed).
     """
     out = []
     for block in _QWEN_BLOCK.findall(text):
         try:
-            call = _call_from_json(_json_loads(block), "arguments")
+            obj = json.loads(block)
         except (ValueError, RecursionError):
             continue
-        if call is not None:
-            out.append(format_call(call))
+        call_text = _json_call_text(obj, "arguments")
+        if call_text is not None:
+            out.append(call_text)
     return out
 
 
@@ -194,7 +316,7 @@ def _llama_calls(text: str) -> list[str]:
         body = body.removesuffix(stop).strip()
     if body.startswith("[") and body.endswith("]"):
         body = body[1:-1]
-    decoder = json.JSONDecoder(parse_constant=_reject_non_finite)
+    decoder = json.JSONDecoder()
     out, pos = [], 0
     while True:
         while pos < len(body) and (body[pos].isspace() or body[pos] in ";,"):
@@ -205,10 +327,10 @@ def _llama_calls(text: str) -> list[str]:
             obj, pos = decoder.raw_decode(body, pos)
         except (ValueError, RecursionError):
             return []
-        call = _call_from_json(obj, "parameters")
-        if call is None:
+        call_text = _json_call_text(obj, "parameters")
+        if call_text is None:
             return []
-        out.append(format_call(call))
+        out.append(call_text)
 
 
 _EXTRACTORS = {"python": _python_calls, "qwen": _qwen_calls, "llama": _llama_calls}

@@ -7,6 +7,10 @@ reveal turn gets the "functions added" message); the assistant answers; output t
 calls is executed, one tool message per call, and the assistant answers again; output with no
 call ends the turn. More than `max_steps_per_turn` executing steps in a turn force-quits the
 entry (scored `multi_turn:force_terminated` unless it was the last turn, as in bfcl-eval).
+
+`step` does not raise on any assistant text (malformed calls become error tool messages), but
+a simulator call past `call_timeout_s` raises `executor.CallTimeout`: the instances may be half
+updated, so the caller ends the trajectory (`rl.rollout` scores it 0).
 """
 
 from __future__ import annotations
@@ -14,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rcgrpo_jax.envs import prompts
-from rcgrpo_jax.envs.calls import FORMATS, extract_calls, parse_call
+from rcgrpo_jax.envs.calls import FORMATS, call_name, extract_calls
 from rcgrpo_jax.envs.entries import Entry, docs_added, docs_at_start, hidden_functions
-from rcgrpo_jax.envs.executor import execute_all, load_instances, method_table
+from rcgrpo_jax.envs.executor import CALL_TIMEOUT_S, execute_all, load_instances, method_table
 from rcgrpo_jax.envs.reward import RewardResult, trajectory_reward
 
 MAX_STEPS_PER_TURN = 20  # bfcl-eval's MAXIMUM_STEP_LIMIT
@@ -41,6 +45,7 @@ class Episode:
         max_steps_per_turn: int = MAX_STEPS_PER_TURN,
         reward_token: int | None = None,
         hide_missed: bool = True,
+        call_timeout_s: float | None = CALL_TIMEOUT_S,
     ) -> None:
         if chat_format not in FORMATS:
             raise ValueError(f"unknown chat format {chat_format!r}; expected one of {FORMATS}")
@@ -49,6 +54,7 @@ class Episode:
         self.max_steps_per_turn = max_steps_per_turn
         self.reward_token = reward_token
         self.hide_missed = hide_missed
+        self.call_timeout_s = call_timeout_s
         self.tools = prompts.template_tools(docs_at_start(entry), chat_format)
         self.reset()
 
@@ -88,10 +94,12 @@ class Episode:
         self.messages.append({"role": "assistant", "content": assistant_text})
         calls = extract_calls(assistant_text, self.chat_format)
         if calls:
-            results = execute_all(calls, self._table())
+            results = execute_all(calls, self._table(), self.call_timeout_s)
             self.decoded[self.turn].append(calls)
             self.steps_in_turn += 1
-            new = [prompts.tool_message(_name(c), r) for c, r in zip(calls, results, strict=True)]
+            new = [
+                prompts.tool_message(call_name(c), r) for c, r in zip(calls, results, strict=True)
+            ]
             if self.steps_in_turn > self.max_steps_per_turn:
                 self.force_quit = self.done = True
             self.messages.extend(new)
@@ -108,12 +116,9 @@ class Episode:
 
     def result(self) -> RewardResult:
         """The reward of what was decoded so far (call when done)."""
-        return trajectory_reward(self.entry, self.decoded, hide_missed=self.hide_missed)
-
-
-def _name(call_text: str) -> str:
-    """Function name of a decoded call string, for the tool message ("" if malformed)."""
-    try:
-        return parse_call(call_text).name
-    except ValueError:
-        return ""
+        return trajectory_reward(
+            self.entry,
+            self.decoded,
+            hide_missed=self.hide_missed,
+            call_timeout_s=self.call_timeout_s,
+        )

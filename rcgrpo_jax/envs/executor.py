@@ -5,6 +5,12 @@ instances forever in module globals. Here a call string is parsed into literals
 (`calls.parse_call`) and dispatched by name to a bound public method of one of the
 trajectory's own instances; results are stringified exactly as bfcl-eval does, so the
 checker in `reward.py` can compare them with the ground truth's.
+
+Every simulator call runs under a wall-clock limit (`call_timeout_s`). In the main thread (where
+rollouts run) a SIGALRM timer raises `CallTimeout` inside the call, which stops a pure-Python
+loop or a sleep; elsewhere the call runs in a daemon thread that is abandoned when late (a thread
+cannot be killed; it holds only that trajectory's instances). A C routine that holds the GIL
+(e.g. a huge integer power, hence `_costly`) cannot be interrupted by either.
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ import functools
 import importlib
 import inspect
 import json
+import signal
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -32,6 +41,8 @@ ERROR_PREFIX = "Error during execution: "
 # too). Such a call returns an error string instead of being dispatched.
 MAX_INT_EXPONENT = 10_000
 MAX_PRECISION = 1_000
+
+CALL_TIMEOUT_S = 5.0  # default wall-clock limit of one simulator call (config env.call_timeout_s)
 
 Instances = dict[str, Any]
 MethodTable = dict[str, Callable[..., Any]]
@@ -130,8 +141,65 @@ def _costly(call: Call) -> str | None:
     return None
 
 
-def execute(call_text: str, table: MethodTable) -> str:
-    """Run one decoded call string against `table`; any failure becomes an error string.
+class CallTimeout(BaseException):
+    """A simulator call ran past its time limit. A BaseException, so that it unwinds through
+    the simulator's own `except Exception` handlers; the instances it ran on may be half
+    updated, so the trajectory must end (see `rl.rollout`)."""
+
+
+def _alarm_call(fn: Callable[[], Any], limit_s: float) -> Any:
+    """fn() in the main thread, interrupted by SIGALRM after `limit_s` (an outer timer is
+    restored afterwards, delayed by at most the call)."""
+
+    def on_alarm(signum, frame):
+        raise CallTimeout(f"simulator call took longer than {limit_s:g} s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    outer_delay, outer_interval = signal.setitimer(signal.ITIMER_REAL, limit_s)
+    start = time.monotonic()
+    try:
+        return fn()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+        if outer_delay:
+            left = max(outer_delay - (time.monotonic() - start), 1e-3)
+            signal.setitimer(signal.ITIMER_REAL, left, outer_interval)
+
+
+def _thread_call(fn: Callable[[], Any], limit_s: float) -> Any:
+    """fn() in a daemon thread; CallTimeout if it has not finished after `limit_s` (it then
+    runs on, abandoned, and does not keep the process from exiting)."""
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    worker = threading.Thread(target=target, name="simulator-call", daemon=True)
+    worker.start()
+    worker.join(limit_s)
+    if worker.is_alive():
+        raise CallTimeout(f"simulator call took longer than {limit_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def call_with_limit(fn: Callable[[], Any], limit_s: float | None) -> Any:
+    """fn() bounded by `limit_s` seconds of wall time (None or <= 0: unbounded)."""
+    if not limit_s or limit_s <= 0:
+        return fn()
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+        return _alarm_call(fn, limit_s)
+    return _thread_call(fn, limit_s)
+
+
+def execute(call_text: str, table: MethodTable, timeout_s: float | None = None) -> str:
+    """Run one decoded call string against `table`; any failure becomes an error string,
+    except a call past `timeout_s`, which raises CallTimeout.
 
     Only names in `table` can be reached and only with literal arguments; nothing in
     `call_text` is ever compiled or run. Decimal/mpmath precision set by a method is
@@ -150,7 +218,7 @@ def execute(call_text: str, table: MethodTable) -> str:
     dps = mpmath.mp.dps
     try:
         with decimal.localcontext():
-            result = method(*call.args, **call.kwargs)
+            result = call_with_limit(lambda: method(*call.args, **call.kwargs), timeout_s)
     except Exception as e:  # noqa: BLE001 - simulator errors become the tool result
         return ERROR_PREFIX + str(e)
     finally:
@@ -158,9 +226,11 @@ def execute(call_text: str, table: MethodTable) -> str:
     return result_text(result)
 
 
-def execute_all(call_texts: Iterable[str], table: MethodTable) -> list[str]:
+def execute_all(
+    call_texts: Iterable[str], table: MethodTable, timeout_s: float | None = None
+) -> list[str]:
     """Results of several decoded calls, in order."""
-    return [execute(text, table) for text in call_texts]
+    return [execute(text, table, timeout_s) for text in call_texts]
 
 
 def public_state(instance: Any) -> dict[str, Any]:

@@ -19,13 +19,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rcgrpo_jax.envs.entries import Entry, hidden_functions
-from rcgrpo_jax.envs.executor import execute_all, load_instances, method_table, state_differences
+from rcgrpo_jax.envs.executor import (
+    CALL_TIMEOUT_S,
+    execute_all,
+    load_instances,
+    method_table,
+    state_differences,
+)
 
 EMPTY_TURN = "multi_turn:empty_turn_model_response"
 STATE_MISMATCH = "multi_turn:instance_state_mismatch"
 RESPONSE_MISMATCH = "multi_turn:execution_response_mismatch"
 FORCE_TERMINATED = "multi_turn:force_terminated"
 ERROR_TYPES = (EMPTY_TURN, STATE_MISMATCH, RESPONSE_MISMATCH, FORCE_TERMINATED)
+# Ours, not BFCL's: the environment itself failed for this trajectory (a simulator, parser or
+# reward exception, or a call past its time limit), caught by the rollout; scored 0.
+ENV_ERROR = "rollout:env_error"
 
 Decoded = Sequence[Sequence[Sequence[str]]]  # [turn][step][call string]
 
@@ -60,11 +69,18 @@ def contains_multiset(haystack: Sequence[str], needles: Sequence[str]) -> bool:
     return True
 
 
-def trajectory_reward(entry: Entry, decoded: Decoded, *, hide_missed: bool = True) -> RewardResult:
+def trajectory_reward(
+    entry: Entry,
+    decoded: Decoded,
+    *,
+    hide_missed: bool = True,
+    call_timeout_s: float | None = CALL_TIMEOUT_S,
+) -> RewardResult:
     """Reward of a decoded trajectory (`decoded[turn][step][call]`) for `entry`.
 
     `hide_missed`: a miss_func function called before its reveal turn fails as an unknown
     name, as it does in our environment (bfcl-eval would run it); False reproduces bfcl-eval.
+    A replayed call past `call_timeout_s` raises `executor.CallTimeout`.
     """
     truth_turns = entry.ground_truth
     if len(decoded) != len(truth_turns):
@@ -82,8 +98,8 @@ def trajectory_reward(entry: Entry, decoded: Decoded, *, hide_missed: bool = Tru
         hidden = hidden_functions(entry, turn) if hide_missed else frozenset()
         model_table = method_table(model, hidden)
         for step in steps:
-            model_results.extend(execute_all(step, model_table))
-        truth_results = execute_all(truth_calls, method_table(truth, hidden))
+            model_results.extend(execute_all(step, model_table, call_timeout_s))
+        truth_results = execute_all(truth_calls, method_table(truth, hidden), call_timeout_s)
         if not truth_calls:
             continue  # the model should decline here; bfcl-eval does not score it
         failures = []

@@ -13,11 +13,18 @@ programs over the global mesh; each process runs the environment of its own shar
 (`rl.rollout`); each process places its own shards of the (identical) host batch, so every row
 is in the step exactly once; checkpoints are saved by all processes together; process 0 alone
 writes metrics, rollouts.jsonl, the export, the plot and the summary.
+
+A rollout row whose environment failed scores 0 and is counted (`env_errors` in the metrics, the
+row's error in rollouts.jsonl, one `warning:` line per iteration). Resumed after a kill, the run
+drops the log records past the restored iteration, so its logs equal an uninterrupted run's.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +41,7 @@ from rcgrpo_jax.rl.rollout import RolloutSettings, collect
 from rcgrpo_jax.rl.train_step import make_rl_step, sequence_logprobs
 from rcgrpo_jax.train import plots
 from rcgrpo_jax.train.checkpoint import Checkpointer
-from rcgrpo_jax.train.metrics import MetricsWriter
+from rcgrpo_jax.train.metrics import JsonlLog, MetricsWriter, write_atomic, writing
 from rcgrpo_jax.train.optim import OptimConfig, make_optimizer, make_schedule
 from rcgrpo_jax.train.state import (
     abstract_train_state,
@@ -130,6 +137,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         chat_format=config.model.chat_format, max_new_tokens=int(rl.max_new_tokens),
         max_len=int(rl.max_len), temperature=float(rl.temperature), top_p=float(rl.top_p),
         max_steps_per_turn=int(config.env.max_steps_per_turn),
+        call_timeout_s=float(config.env.call_timeout_s),
     )  # fmt: skip
     ref_params = params if loss_cfg.kl_beta > 0 else None
 
@@ -148,17 +156,22 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     del params  # the state owns the policy from here on
 
     eval_token = HIGH if algo == "rcgrpo" else None
-    writer = MetricsWriter(
-        workdir,
-        total_steps=int(rl.steps),
-        initial_step=start,
-        desc=algo,
-        bar_keys=("reward_mean", "degenerate_frac", "eval_success"),
-    )
     main = distributed.is_main_process()
-    rollout_log = open(workdir / "rollouts.jsonl", "a", buffering=1) if main else None  # noqa: SIM115
-    history = []
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(ckpt.close)  # last out: waits for the final save
+        writer = stack.enter_context(
+            MetricsWriter(
+                workdir,
+                total_steps=int(rl.steps),
+                initial_step=start,
+                desc=algo,
+                bar_keys=("reward_mean", "degenerate_frac", "eval_success"),
+            )
+        )
+        rollout_log = JsonlLog(workdir / "rollouts.jsonl", "iteration", start) if main else None
+        if rollout_log is not None:
+            stack.callback(rollout_log.close)
+        history = list(writer.previous)
         for it in range(start, int(rl.steps)):
             entries = prompts_for(train_pool, int(rl.num_prompts), config.seed, it)
             tokens = reward_tokens_for(algo, rl, config.seed, it)
@@ -184,11 +197,14 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             update_s = time.perf_counter() - t0
             record = _iteration_record(step_metrics, ro, update_s)
             if rollout_log is not None:
-                rollout_log.write(json.dumps({
+                p, g = ro.rewards.shape
+                rollout_log.append({
                     "iteration": it + 1, "entry_ids": [e.id for e in entries],
                     "reward_token": ro.reward_token.tolist(), "rewards": ro.rewards.tolist(),
                     "env_process": ro.env_process.tolist(),
-                }) + "\n")  # fmt: skip
+                    "env_errors": [ro.errors[i * g : (i + 1) * g] for i in range(p)],
+                })  # fmt: skip
+                _warn_env_errors(it + 1, ro.errors)
             if rl.eval_every and ((it + 1) % int(rl.eval_every) == 0 or it + 1 == int(rl.steps)):
                 record["eval_success"] = success_rate(
                     config, (cfg, state.params), tokenizer, mesh, test_pool, eval_token
@@ -196,11 +212,6 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             history.append(writer.write(it + 1, record))
             ckpt.save(it + 1, state, {"iteration": it + 1})
         ckpt.save(int(rl.steps), state, {"iteration": int(rl.steps)}, force=True)
-    finally:
-        ckpt.close()
-        writer.close()
-        if rollout_log is not None:
-            rollout_log.close()
 
     export = workdir / "export"
     # every process takes part in gathering params sharded over several processes
@@ -214,13 +225,28 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         "final": history[-1] if history else {},
     }
     if main:
-        models.save_hf(export, cfg, final, tokenizer=tokenizer)
-        plots.plot_metrics(
-            {algo: workdir / "metrics.jsonl"}, DYNAMICS_KEYS, workdir / "dynamics.png"
-        )
-        (workdir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        with writing(export):
+            models.save_hf(export, cfg, final, tokenizer=tokenizer)
+        with writing(workdir / "dynamics.png"):
+            plots.plot_metrics(
+                {algo: workdir / "metrics.jsonl"}, DYNAMICS_KEYS, workdir / "dynamics.png"
+            )
+        write_atomic(workdir / "summary.json", json.dumps(summary, indent=1) + "\n")
     distributed.barrier("rcgrpo_rl_outputs")  # the outputs exist when any process returns
     return summary
+
+
+def _warn_env_errors(iteration: int, errors: list[str | None]) -> None:
+    """One stderr line for an iteration in which some rollout rows' environment failed."""
+    kinds = collections.Counter(e.split(":")[0] for e in errors if e is not None)
+    if kinds:
+        what = ", ".join(f"{k} x{n}" for k, n in kinds.most_common())
+        print(
+            f"warning: iteration {iteration}: {sum(kinds.values())} of {len(errors)} rollouts "
+            f"failed in the environment ({what}), scored 0; see rollouts.jsonl",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _iteration_record(step_metrics: list[dict], ro, update_s: float) -> dict[str, float]:
@@ -248,5 +274,6 @@ def _iteration_record(step_metrics: list[dict], ro, update_s: float) -> dict[str
         "prefill_tokens": ro.stats["prefill_tokens"],
         "tokens_per_s": ro.stats["trajectory_tokens"] / max(total_s, 1e-9),
         "truncated": ro.stats["truncated"],
+        "env_errors": ro.stats["env_errors"],
         **({"lr": means["lr"]} if "lr" in means else {}),
     }

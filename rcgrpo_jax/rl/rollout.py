@@ -11,13 +11,20 @@ control on every process; the environment is not. Each process creates, steps an
 per-row outcomes (prompt ids, appended tokens, finished/truncated, reward results) are all-gathered
 so that every process holds the same host state. `Rollouts.env_process` records which process ran
 each row's environment. In a single process nothing is gathered.
+
+The environment never ends the rollout: an exception from a simulator, the parser or the reward
+of one row, or a simulator call past `call_timeout_s` (`executor.CallTimeout`), is caught at that
+row, which then ends, scores 0 (`reward.ENV_ERROR`) and is named in `Rollouts.errors`
+("Type: message").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,10 +32,13 @@ import numpy as np
 from rcgrpo_jax import distributed
 from rcgrpo_jax.envs import prompts
 from rcgrpo_jax.envs.episode import Episode
-from rcgrpo_jax.envs.reward import RewardResult
+from rcgrpo_jax.envs.executor import CALL_TIMEOUT_S
+from rcgrpo_jax.envs.reward import ENV_ERROR, RewardResult
 from rcgrpo_jax.models import ModelConfig, Params
 from rcgrpo_jax.rl.advantages import NONE
 from rcgrpo_jax.sampling import Buckets, Session
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +50,7 @@ class RolloutSettings:
     top_p: float = 1.0
     top_k: int = 0
     max_steps_per_turn: int = 20
+    call_timeout_s: float = CALL_TIMEOUT_S  # wall-clock limit of one simulator call
 
 
 @dataclasses.dataclass
@@ -58,6 +69,8 @@ class Rollouts:
     episodes: list[Episode | None]
     stats: dict[str, float]
     env_process: np.ndarray | None = None  # [P, G] int32: the process that ran each environment
+    # P*G, row-major: "Type: message" of the row's environment failure, None where there was none
+    errors: list[str | None] = dataclasses.field(default_factory=list)
 
     @property
     def positions(self) -> np.ndarray:
@@ -117,22 +130,29 @@ def collect(
     n = p * g
     owner = distributed.row_owner(n)
     mine = distributed.process_rows(n)
+    stops = stop_ids(tokenizer)
     episodes: list[Episode | None] = [None] * n
+    errors: list[str | None] = [None] * n
+    local = []
     for r in mine:  # only this process's environments exist here
         i, j = divmod(r, g)
-        episodes[r] = Episode(
-            entries[i], settings.chat_format, max_steps_per_turn=settings.max_steps_per_turn,
-            reward_token=None if int(reward_tokens[i, j]) == NONE else int(reward_tokens[i, j]),
-        )  # fmt: skip
-    local = [prompts.prompt_ids(tokenizer, episodes[r].messages, episodes[r].tools) for r in mine]
-    start = [ids for part in distributed.allgather_rows(local) for ids in part]  # row order
+        token = None if int(reward_tokens[i, j]) == NONE else int(reward_tokens[i, j])
+        opened = _guarded(
+            errors, r, entries[i], functools.partial(_open, entries[i], token, settings, tokenizer)
+        )
+        # [ok, *prompt]: a row whose environment could not be built starts (and at once ends)
+        # on one token, never sampled from
+        episodes[r], ids = opened or (None, [stops[0]])
+        local.append([int(opened is not None), *ids])
+    gathered = [row for part in distributed.allgather_rows(local) for row in part]  # row order
+    start = [row[1:] for row in gathered]
+    failed_at_start = [r for r, row in enumerate(gathered) if not row[0]]
     too_long = [i for i, s in enumerate(start) if len(s) >= settings.max_len]
     if too_long:
         raise ValueError(
             f"prompt of {entries[too_long[0] // g].id} has {len(start[too_long[0]])} tokens, "
             f">= max_len={settings.max_len}"
         )
-    stops = stop_ids(tokenizer)
     eot = (
         stops[0]
         if len(stops) == 1
@@ -146,6 +166,7 @@ def collect(
         max_len=settings.max_len + Buckets().chunk_max,
     )  # fmt: skip
     session.start(start, reserve=settings.max_new_tokens)
+    session.finish(failed_at_start)
     length = [len(s) for s in start]
     truncated = [False] * n
     assistant_steps = 0
@@ -171,18 +192,11 @@ def collect(
         for r in rows:
             if owner[r] != distributed.process_index():
                 continue
-            toks = out.tokens[r]
-            text_ids = toks[:-1] if out.stopped[r] else toks
-            step = episodes[r].step(tokenizer.decode(text_ids, skip_special_tokens=False))
-            if step.done:
-                reports.append([_DONE])
-                continue
-            # an unfinished message is closed by the template: the model did not sample that
-            more = ([] if out.stopped[r] else [eot]) + continuation_ids(tokenizer, episodes[r])
-            if length[r] + len(more) + 2 >= settings.max_len:
-                reports.append([_TRUNCATED])
-                continue
-            reports.append([_APPEND, *more])
+            advance = functools.partial(
+                _advance, episodes[r], tokenizer, out.tokens[r], out.stopped[r], length[r], eot,
+                settings,
+            )  # fmt: skip
+            reports.append(_guarded(errors, r, entries[r // g], advance) or [_FAILED])
         gathered = distributed.allgather_rows(reports)
         by_process = [iter(part) for part in gathered]
         done, appends = [], {}
@@ -193,20 +207,81 @@ def collect(
                 length[r] += len(more)
                 continue
             truncated[r] = truncated[r] or status == _TRUNCATED
-            done.append(r)
+            done.append(r)  # _DONE, _TRUNCATED, _FAILED
         session.finish(done)
         session.append(appends)
     rollout_s = time.perf_counter() - t0
+    results, errors = _row_results(episodes, errors, mine, entries, g)
     return _pack(
-        session, episodes, reward_tokens, truncated, entries, settings, rollout_s, assistant_steps,
-        owner,
+        session, episodes, reward_tokens, truncated, settings, rollout_s, assistant_steps,
+        owner, results, errors,
     )  # fmt: skip
 
 
-_APPEND, _DONE, _TRUNCATED = 0, 1, 2  # per-row environment outcomes of one assistant step
+# per-row environment outcomes of one assistant step
+_APPEND, _DONE, _TRUNCATED, _FAILED = 0, 1, 2, 3
 
 
-def _pack(session, episodes, reward_tokens, truncated, entries, settings, rollout_s, steps, owner):
+def _open(entry, token, settings, tokenizer) -> tuple[Episode, list[int]]:
+    """A row's episode and its prompt tokens."""
+    episode = Episode(
+        entry, settings.chat_format, max_steps_per_turn=settings.max_steps_per_turn,
+        reward_token=token, call_timeout_s=settings.call_timeout_s,
+    )  # fmt: skip
+    return episode, prompts.prompt_ids(tokenizer, episode.messages, episode.tools)
+
+
+def _advance(episode, tokenizer, toks, stopped, length, eot, settings) -> list[int]:
+    """One environment step of a row after its assistant step: [status, *tokens to append]."""
+    text_ids = toks[:-1] if stopped else toks
+    step = episode.step(tokenizer.decode(text_ids, skip_special_tokens=False))
+    if step.done:
+        return [_DONE]
+    # an unfinished message is closed by the template: the model did not sample that
+    more = ([] if stopped else [eot]) + continuation_ids(tokenizer, episode)
+    if length + len(more) + 2 >= settings.max_len:
+        return [_TRUNCATED]
+    return [_APPEND, *more]
+
+
+def _guarded(errors: list[str | None], r: int, entry: Any, fn: Callable[[], Any]) -> Any:
+    """fn() for row r; an environment failure is recorded in errors[r] and gives None.
+
+    Anything but Ctrl-C counts: also a `CallTimeout` and a simulator's SystemExit."""
+    try:
+        return fn()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - one row must not end the rollout
+        first = str(e).splitlines()[0] if str(e) else ""
+        errors[r] = f"{type(e).__name__}: {first}"[:300]
+        log.warning("rollout row %d (%s): environment failed, scored 0: %s", r, entry.id, errors[r])
+        return None
+
+
+def _row_results(episodes, errors, mine, entries, g):
+    """Every row's RewardResult and error (gathered from the process that ran the row)."""
+    local = []
+    for r in mine:
+        result = None
+        if errors[r] is None:
+            result = _guarded(errors, r, entries[r // g], episodes[r].result)
+        if result is None:
+            result = RewardResult(0.0, False, False, ENV_ERROR)
+        local.append((result, errors[r]))
+    if distributed.process_count() > 1:
+        fields = [{**dataclasses.asdict(x), "env_error": err} for x, err in local]
+        local = [
+            (RewardResult(**{k: v for k, v in d.items() if k != "env_error"}), d["env_error"])
+            for part in distributed.allgather_objects(fields)
+            for d in part
+        ]
+    return [x for x, _ in local], [err for _, err in local]
+
+
+def _pack(
+    session, episodes, reward_tokens, truncated, settings, rollout_s, steps, owner, flat, errors
+):
     p, g = reward_tokens.shape
     t = settings.max_len
     tokens = np.zeros((p, g, t), np.int32)
@@ -225,12 +300,7 @@ def _pack(session, episodes, reward_tokens, truncated, entries, settings, rollou
         loss_mask[i, j, :n] = mask
         old[i, j, :n] = np.where(mask, np.nan_to_num(np.asarray(traj.logprobs, np.float32)), 0.0)
         sampled_tokens += int(mask.sum())
-    # Rewards come from the process that ran the row's environment.
-    local = [e.result() for e in episodes if e is not None]
-    if distributed.process_count() > 1:
-        fields = [dataclasses.asdict(x) for x in local]
-        local = [RewardResult(**d) for part in distributed.allgather_objects(fields) for d in part]
-    results = [local[i * g : (i + 1) * g] for i in range(p)]
+    results = [flat[i * g : (i + 1) * g] for i in range(p)]
     for i in range(p):
         for j in range(g):
             rewards[i, j] = results[i][j].reward
@@ -242,11 +312,12 @@ def _pack(session, episodes, reward_tokens, truncated, entries, settings, rollou
         "prefill_tokens": float(sum(prefill)),
         "trajectory_tokens": float(segments.sum()),
         "truncated": float(sum(truncated)),
+        "env_errors": float(sum(e is not None for e in errors)),
         "sampled_tokens_per_s": sampled_tokens / max(rollout_s, 1e-9),
     }
     return Rollouts(
         tokens=tokens, segments=segments, loss_mask=loss_mask, old_logprobs=old,
         rewards=rewards, reward_token=np.asarray(reward_tokens, np.int32), results=results,
         episodes=list(episodes), stats=stats,
-        env_process=np.asarray(owner, np.int32).reshape(p, g),
+        env_process=np.asarray(owner, np.int32).reshape(p, g), errors=list(errors),
     )  # fmt: skip

@@ -9,21 +9,46 @@ Layout under `directory` (one orbax CheckpointManager):
 Every process consumes the same number of batches from its own shard, so process 0's iterator
 state (an index) restores every host's iterator. Saves are async; `wait()` before reading them.
 A latest checkpoint that fails to restore (truncated/deleted file, partial write) is moved to
-`corrupt/` with a warning and the previous one is tried, so the run resumes from there and can
-later save that step number again.
+`corrupt/` and the previous one is tried, so the run resumes from there (one `warning:` line on
+stderr says which) and can later save that step number again. Orbax writes a step into a
+temporary folder and renames it when complete, so a kill -9 mid-save leaves the previous steps
+as they were. Before each save the free space is compared with the size of the latest step on
+disk (orbax's async writer fails noisily, in background threads, when the disk fills up); a save
+that would not fit, or one that fails for lack of space all the same, raises `OutputError`
+naming the checkpoint folder. The steps saved before it stay readable.
 """
 
 from __future__ import annotations
 
-import logging
+import errno
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
-log = logging.getLogger(__name__)
+from rcgrpo_jax.train.metrics import OutputError
+
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+_DISK_MESSAGES = ("No space left on device", "Disk quota exceeded", "Read-only file system")
+
+
+def disk_error(e: BaseException) -> str | None:
+    """The reason if `e` (or an exception it was raised from) is an out-of-space/read-only
+    failure; tensorstore reports those as ValueErrors carrying the OS message."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
+            return e.strerror or str(e)
+        hit = next((m for m in _DISK_MESSAGES if m in str(e)), None)
+        if hit:
+            return hit
+        e = e.__cause__ or e.__context__
+    return None
 
 
 class Checkpointer:
@@ -51,14 +76,42 @@ class Checkpointer:
             return False
         if not force and (self.save_every <= 0 or step % self.save_every):
             return False
-        return self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                data=ocp.args.JsonSave(data_state or {}),
-            ),
-            force=True,
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {})
         )
+        self.wait()  # the previous save's bytes are on disk before the space is measured
+        self._check_space(step)
+        return self._disk_checked(lambda: self.manager.save(step, args=args, force=True))
+
+    def _check_space(self, step: int) -> None:
+        """OutputError if the disk lacks room for a step as big as the latest one (+10%)."""
+        latest = self.manager.latest_step()
+        if latest is None:
+            return
+        files = (self.directory / str(latest)).rglob("*")
+        needed = 1.1 * sum(f.stat().st_size for f in files if f.is_file()) + 2**16
+        free = shutil.disk_usage(self.directory).free
+        short = free < needed
+        if jax.process_count() > 1:  # one verdict for all: the save is collective
+            from jax.experimental import multihost_utils
+
+            short = bool(multihost_utils.process_allgather(np.int32(short)).any())
+        if short:
+            raise OutputError(
+                f"cannot write checkpoint step {step} in {self.directory}: No space left on "
+                f"device ({free / 2**20:.1f} MiB free, about {needed / 2**20:.1f} MiB needed)"
+            )
+
+    def _disk_checked(self, fn):
+        """fn(), with an out-of-space failure (of this save or an earlier async one) as an
+        OutputError naming the folder."""
+        try:
+            return fn()
+        except Exception as e:
+            reason = disk_error(e)
+            if reason is None:
+                raise
+            raise OutputError(f"cannot write checkpoints in {self.directory}: {reason}") from e
 
     def all_steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
@@ -80,25 +133,32 @@ class Checkpointer:
     def restore_latest(self, target: Any) -> tuple[Any, dict, int] | None:
         """(state, data_state, step) from the newest checkpoint that restores; None if none does.
 
-        A checkpoint that fails is moved to `corrupt/` (process 0) and the previous one is tried.
+        A checkpoint that fails is moved to `corrupt/` (process 0) and the previous one is tried;
+        one stderr line names the failed steps and the one resumed from.
         """
         self.wait()
+        failed: list[str] = []
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 state, data = self.restore(step, target)
             except Exception as e:  # noqa: BLE001 — any failure means "unusable checkpoint"
-                log.warning(
-                    "checkpoint step %d in %s failed to restore (%s: %s); moving it to corrupt/ "
-                    "and falling back to the previous one",
-                    step,
-                    self.directory,
-                    type(e).__name__,
-                    str(e).splitlines()[0][:300] if str(e) else "",
-                )
+                first = str(e).splitlines()[0][:200] if str(e) else ""
+                failed.append(f"step {step} ({type(e).__name__}: {first})")
                 self._quarantine(step)
                 continue
+            self._report(failed, f"resuming from step {step}")
             return state, data, step
+        self._report(failed, "starting from scratch")
         return None
+
+    def _report(self, failed: list[str], outcome: str) -> None:
+        if failed and jax.process_index() == 0:
+            print(
+                f"warning: checkpoint {', '.join(failed)} in {self.directory} could not be "
+                f"restored; moved to corrupt/, {outcome}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _quarantine(self, step: int) -> None:
         if jax.process_index() == 0:
@@ -116,11 +176,13 @@ class Checkpointer:
         self.manager.reload()
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        self._disk_checked(self.manager.wait_until_finished)
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        try:
+            self.wait()
+        finally:
+            self.manager.close()
 
     def __enter__(self) -> Checkpointer:
         return self

@@ -46,12 +46,13 @@ def train_loop(
     peak_flops: float | None = None,
     on_step: Callable[[int, TrainState, dict[str, Any]], None] | None = None,
 ) -> tuple[TrainState, list[dict[str, Any]]]:
-    """Runs from `state.step` to `num_steps`; returns the final state and the per-step records.
+    """Runs from `state.step` to `num_steps`; returns the final state and the per-step records of
+    the whole run (a resumed run's earlier ones come from `writer.previous`).
 
     Step numbers in metrics/checkpoints are the state's step *after* the update (1-based), so a
     checkpoint at step s holds the iterator positioned at batch s. A final checkpoint is forced.
     """
-    history = []
+    history = list(writer.previous) if writer is not None else []
     step = int(state.step)
     get_state = getattr(data_iter, "get_state", None)
     while step < num_steps:
