@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from rcgrpo_jax import models, rl
+from rcgrpo_jax.envs.reward import RewardResult
+from rcgrpo_jax.rl.rollout import RolloutSettings, _pack
 from rcgrpo_jax.rl.train_step import make_rl_step
+from rcgrpo_jax.sampling import Trajectory, length_bucket
 from rcgrpo_jax.train.optim import OptimConfig, make_optimizer
 from rcgrpo_jax.train.state import init_train_state, state_shardings
 
@@ -217,3 +220,49 @@ def test_fused_step_equal_on_two_meshes_and_compiles_once(params):
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, atol=3e-5), results[0][1], results[1][1]
     )
+
+
+class _FakeSession:
+    """What `rollout._pack` reads of a sampling Session: each row's whole trajectory."""
+
+    def __init__(self, lengths, seed: int):
+        rng = np.random.default_rng(seed)
+        self.rows = []
+        for n in lengths:
+            sampled = [i >= PROMPT for i in range(n)]
+            logp = [float(-rng.random()) if s else float("nan") for s in sampled]
+            toks = rng.integers(0, CFG.vocab_size, n).tolist()
+            self.rows.append(Trajectory(toks, sampled, logp, PROMPT))
+        self.prefill_tokens = [PROMPT] * len(lengths)
+
+    def trajectory(self, r):
+        return self.rows[r]
+
+
+def test_rl_rows_sized_to_content_one_program_per_bucket(params):
+    """T is the length bucket of the batch's longest trajectory (the sampler's cache rule, at
+    most rl.max_len), so the fused step compiles once per bucket, not once per length."""
+    buckets = {length_bucket(n) for n in range(1, 16385)}
+    assert len(buckets) <= 16 and all(length_bucket(n) >= n for n in (1, 63, 64, 65, 5000))
+    settings = RolloutSettings(chat_format="python", max_len=112)
+    mesh = models.make_mesh((8, 1, 1))
+    state, optimizer, shardings = _state(params, mesh)
+    step = make_rl_step(CFG, rl.PolicyLossConfig(), optimizer, mesh=mesh, shardings=shardings)
+    seen = []
+    for seed, longest in enumerate([20, 60, 70, 90, 130]):
+        lengths = np.random.default_rng(seed).integers(PROMPT + 2, longest + 1, P * G)
+        lengths[0] = longest
+        lengths = np.minimum(lengths, settings.max_len)  # collect ends a row at max_len
+        flat = [RewardResult(float(i % 2), True, True) for i in range(P * G)]
+        ro = _pack(
+            _FakeSession(lengths, seed), [None] * (P * G), np.zeros((P, G), np.int32),
+            [False] * (P * G), settings, 1.0, 1, [0] * (P * G), flat, [None] * (P * G),
+        )  # fmt: skip
+        t = ro.tokens.shape[-1]
+        assert t == min(length_bucket(int(lengths.max())), settings.max_len) and t >= lengths.max()
+        assert (ro.segments.sum(-1) == lengths.reshape(P, G)).all()
+        state, metrics = step(state, ro.batch())
+        assert np.isfinite(float(metrics["loss"]))
+        seen.append(t)
+    assert seen == [64, 64, 96, 96, 112]  # 130 > max_len: capped at rl.max_len itself
+    assert step.jitted._cache_size() == len(set(seen))

@@ -36,7 +36,7 @@ from rcgrpo_jax.envs.executor import CALL_TIMEOUT_S
 from rcgrpo_jax.envs.reward import ENV_ERROR, RewardResult
 from rcgrpo_jax.models import ModelConfig, Params
 from rcgrpo_jax.rl.advantages import NONE
-from rcgrpo_jax.sampling import Buckets, Session
+from rcgrpo_jax.sampling import Buckets, Session, length_bucket
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,8 @@ class RolloutSettings:
 
 @dataclasses.dataclass
 class Rollouts:
-    """A [P, G] batch of finished trajectories, padded to T = settings.max_len."""
+    """A [P, G] batch of finished trajectories, padded to T = the length bucket of the longest
+    (`sampling.session.length_bucket`, at most settings.max_len)."""
 
     tokens: np.ndarray  # [P, G, T] int32
     segments: np.ndarray  # [P, G, T] int32: 1 real, 0 padding
@@ -283,7 +284,8 @@ def _pack(
     session, episodes, reward_tokens, truncated, settings, rollout_s, steps, owner, flat, errors
 ):
     p, g = reward_tokens.shape
-    t = settings.max_len
+    longest = max(len(session.trajectory(r).tokens) for r in range(p * g))
+    t = min(length_bucket(longest), settings.max_len)  # rows sized to their content
     tokens = np.zeros((p, g, t), np.int32)
     segments = np.zeros((p, g, t), np.int32)
     loss_mask = np.zeros((p, g, t), np.int32)

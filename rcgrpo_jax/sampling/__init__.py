@@ -20,6 +20,7 @@ from rcgrpo_jax.sampling.session import (
     Trajectory,
     TurnOutput,
     generate,
+    length_bucket,
 )
 
 __all__ = [
@@ -35,4 +36,5 @@ __all__ = [
     "state_logical_axes",
     "state_shapes",
     "generate",
+    "length_bucket",
 ]

@@ -67,6 +67,14 @@ def _geom(n: int, lo: int) -> int:
     return size * 3 // 4 if size >= 2 * lo and n <= size * 3 // 4 else size
 
 
+def length_bucket(n: int, buckets: Buckets = Buckets()) -> int:  # noqa: B008 (frozen)
+    """The cache-length bucket of `n` tokens: 2^k or 1.5 * 2^k (>= cache_min) up to
+    cache_geom_max, then multiples of it. The RL step's T uses the same rule, so the programs
+    compiled for a run stay few (one per bucket) whatever the trajectories' lengths."""
+    top = buckets.cache_geom_max
+    return -(-n // top) * top if n > top else _geom(n, buckets.cache_min)
+
+
 @dataclasses.dataclass
 class TurnOutput:
     """What one `decode_turn` sampled, per row: tokens (cut after the stop token, which is kept),
@@ -327,11 +335,7 @@ class Session:
         return min(_geom(n, self.buckets.chunk_min), self.buckets.chunk_max)
 
     def _cache_bucket(self, n: int) -> int:
-        top = self.buckets.cache_geom_max
-        if n > top:
-            size = -(-n // top) * top
-        else:
-            size = _geom(n, self.buckets.cache_min)
+        size = length_bucket(n, self.buckets)
         if self.max_len is not None:
             if n > self.max_len:
                 raise CapacityError(
