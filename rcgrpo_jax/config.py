@@ -34,6 +34,7 @@ def base_config() -> ml_collections.ConfigDict:
     # False unrolls the layer loop: faster steps for a few layers, compile time grows with depth
     c.model.scan_layers = True
     # auto (per backend) | dense | flash | splash | cudnn: all but dense avoid [T, T] scores
+    # (the sampler's prefill/decode run flash where splash or cudnn is set: per-row cache offsets)
     c.model.attention = "auto"
     c.model.chat_format = "qwen"  # qwen | llama | python: how tool calls are written and parsed
     # Architecture of a randomly initialised model (used only when hf_path is empty).

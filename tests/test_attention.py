@@ -1,7 +1,8 @@
-"""Attention kernels: flash / splash equal the dense path (values and gradients, f32) under the
-one masking rule, with packing and left/right padding; flash through the model matches
-transformers at T >= 2048 and the sampler's prefill/decode; the `auto` choice per backend; its
-memory grows linearly with T."""
+"""Attention kernels: flash / splash / the cuDNN wrapper equal the dense path (values and
+gradients, f32; flash also in bf16) under the one masking rule, with packing and left/right
+padding; flash through the model matches transformers at T >= 2048, the sampler's prefill/decode
+and, sharded, the dense gradients; the `auto` choice per backend (and what the model really
+runs); its memory grows linearly with T."""
 
 from __future__ import annotations
 
@@ -58,6 +59,11 @@ def _assert_same(fn, ref, q, keys_t, values, real, tol=1e-5):
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=tol, atol=tol)
 
 
+def _rel_err(a, b) -> float:
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
 @pytest.mark.parametrize("t, block", [(200, 64), (131, 32), (96, 512)])
 def test_flash_self_attention_equals_dense(t, block):
     """Several blocks, lengths that are not a multiple of the block, one block only."""
@@ -72,6 +78,42 @@ def test_flash_self_attention_equals_dense(t, block):
     _assert_same(fn, lambda *x: attention.attend(CFG, *x, mask), q, keys_t, values, seg > 0)
     out = jax.jit(fn)(q, keys_t, values)
     assert float(jnp.abs(out[~np.asarray(seg > 0)]).max()) == 0.0  # padding queries: zeros
+
+
+def test_flash_bf16_close_to_f32_dense():
+    """bf16 q/k/v through flash (f32 softmax statistics and accumulators inside) against the f32
+    dense path on the same rounded inputs: values and gradients within bf16's rounding (~2^-8
+    per element, so 2e-2 of the norm), padding queries still exactly zero."""
+    t = 200
+    seg = _segments(t)
+    slots = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), seg.shape)
+    mask = attention.segment_mask(slots, seg, seg)
+    bf16 = [x.astype(jnp.bfloat16) for x in _qkv(4, t, t)]
+    real = np.asarray(seg > 0)
+    w = jnp.asarray(np.random.default_rng(9).standard_normal(bf16[0].shape), jnp.float32)
+    w = w * jnp.asarray(real)[..., None, None]
+
+    def flash(*x):
+        return attention.flash(CFG.replace(dtype="bfloat16"), *x, slots, seg, seg, block=64)
+
+    def dense(*x):
+        return attention.attend(CFG, *(y.astype(jnp.float32) for y in x), mask)
+
+    @jax.jit
+    def run(*x):
+        out = {}
+        for name, f in (("flash", flash), ("dense", dense)):
+            loss = lambda *y, f=f: (f(*y).astype(jnp.float32) * w).sum()  # noqa: E731
+            out[name] = (f(*x), jax.grad(loss, (0, 1, 2))(*x))
+        return out
+
+    res = run(*bf16)
+    (out, grads), (want, refs) = res["flash"], res["dense"]
+    assert out.dtype == jnp.bfloat16 and all(g.dtype == jnp.bfloat16 for g in grads)
+    assert _rel_err(np.asarray(out, np.float32)[real], np.asarray(want)[real]) < 2e-2
+    assert float(jnp.abs(out.astype(jnp.float32)[~real]).max()) == 0.0
+    for g, r in zip(grads, refs, strict=True):
+        assert _rel_err(g, r) < 2e-2
 
 
 def test_flash_skips_blocks_nobody_sees():
@@ -123,7 +165,7 @@ def test_splash_interpret_equals_dense():
     cfg = CFG.replace(head_dim=16, attention="splash")
 
     def fn(*x):
-        return attention.splash(cfg, *x, seg, seg)
+        return attention.splash(cfg, *x, seg, seg, interpret=True)
 
     _assert_same(fn, lambda *x: attention.attend(cfg, *x, mask), q, keys_t, values, seg > 0)
     with models.use_mesh(models.make_mesh((2, 2, 2), jax.devices()[:8])):
@@ -131,6 +173,9 @@ def test_splash_interpret_equals_dense():
     real = np.asarray(seg > 0)
     np.testing.assert_allclose(np.asarray(sharded)[real], np.asarray(fn(q, keys_t, values))[real],
                                rtol=1e-6, atol=1e-6)  # fmt: skip
+    # off a TPU only the explicit test switch runs the (slow) Pallas interpreter
+    with pytest.raises(ValueError, match="splash attention needs a TPU"):
+        attention.splash(cfg, q, keys_t, values, seg, seg)
 
 
 def test_auto_choice_per_backend_and_cudnn_errors(hf_models):
@@ -146,6 +191,12 @@ def test_auto_choice_per_backend_and_cudnn_errors(hf_models):
     cached = dict(kw, self_attn=False)
     for kind in ("auto", "flash", "splash"):  # per-row cache offsets: dense or flash only
         assert attention.resolve(kind, backend="tpu", kv_len=4096, **cached) == "flash"
+    assert attention.resolve("cudnn", backend="gpu", kv_len=64, **cached) == "flash"
+    for backend in ("cpu", "tpu", "gpu"):  # cached under auto: CPU's rule on every backend
+        assert attention.resolve("auto", backend=backend, kv_len=1024, **cached) == "dense"
+        assert attention.resolve("auto", backend=backend, kv_len=1025, **cached) == "flash"
+    with pytest.raises(ValueError, match="splash.*needs a TPU"):
+        attention.resolve("splash", backend="cpu", kv_len=64, **kw)
     assert attention.resolve("cudnn", backend="gpu", kv_len=64, **kw) == "cudnn"
     with pytest.raises(ValueError, match="cudnn.*GPU"):
         attention.resolve("cudnn", backend="cpu", kv_len=64, **kw)
@@ -160,6 +211,56 @@ def test_auto_choice_per_backend_and_cudnn_errors(hf_models):
     assert bool(attention.one_segment_rows(seg))
     assert not bool(attention.one_segment_rows(seg.at[0, 0].set(0)))  # left padding
     assert not bool(attention.one_segment_rows(seg.at[1, 2].set(2)))  # packed
+
+
+def test_cudnn_lengths_and_padding_rows():
+    """The cuDNN wrapper's per-row lengths are >= 1 (an all-padding row, which counts as a
+    one-segment row, would otherwise normalise over no keys) and its padding queries come out
+    zero. The same call through XLA (cuDNN needs a GPU) checks the wrapper on CPU: right-padded
+    rows equal dense, values and gradients finite."""
+    t = 40
+    seg = np.ones((3, t), np.int32)
+    seg[0], seg[1, 25:] = 0, 0
+    seg = jnp.asarray(seg)
+    np.testing.assert_array_equal(np.asarray(attention.cudnn_lengths(seg)), [1, 25, 40])
+    assert bool(attention.one_segment_rows(seg))
+    slots = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), seg.shape)
+    mask = attention.segment_mask(slots, seg, seg)
+    q, keys_t, values = _qkv(3, t, t)
+
+    def fn(*x):
+        return attention.cudnn(CFG, *x, seg, implementation="xla")
+
+    real = np.asarray(seg > 0)
+    _assert_same(fn, lambda *x: attention.attend(CFG, *x, mask), q, keys_t, values, real)
+    out = np.asarray(jax.jit(fn)(q, keys_t, values))
+    assert np.isfinite(out).all() and float(np.abs(out[~real]).max()) == 0.0
+
+
+def test_auto_runs_flash_in_the_model_beyond_dense_max_len(monkeypatch):
+    """`auto` on CPU: the decoder's attention really is dense at 1024 keys and flash at 1025
+    (the kind of the `Mask` the model builds, seen while tracing)."""
+    assert jax.default_backend() == "cpu"
+    cfg = models.ModelConfig(TINY_VOCAB, 32, 64, 1, H, KV, D)
+    assert cfg.attention == "auto"
+    params = models.param_shapes(cfg)  # (init builds a mask of its own)
+    seen = []
+    prepare = attention.prepare
+
+    def spy(*args, **kw):
+        m = prepare(*args, **kw)
+        seen.append((m.kind, m.kv_seg.shape[1], m.live is not None))
+        return m
+
+    monkeypatch.setattr(attention, "prepare", spy)
+
+    def logprobs(p, tok):
+        pos = jnp.broadcast_to(jnp.arange(tok.shape[1]), tok.shape)
+        return models.token_logprobs(cfg, p, tok, pos, jnp.ones_like(tok))
+
+    for t in (1024, 1025):
+        jax.eval_shape(logprobs, params, jax.ShapeDtypeStruct((1, t), jnp.int32))
+    assert seen == [("dense", 1024, False), ("flash", 1025, True)]
 
 
 def test_model_flash_equals_dense_packed_and_padded():
@@ -206,14 +307,27 @@ def test_flash_logits_match_transformers_long(tmp_path):
 
 def test_sampler_flash_equals_dense(hf_models, monkeypatch):
     """Prefill chunks and decode steps through flash (32-slot blocks: several per cache) give
-    the dense sampler's greedy tokens and log-probs."""
+    the dense sampler's greedy tokens and log-probs. The block length is a config field, so
+    the sampler's jitted programs are traced (and cached) for it: the masks they build hold
+    several key blocks."""
     cfg, params = models.load_hf(hf_models["llama"][1], attention="dense")
     prompts = [np.random.default_rng(i).integers(3, TINY_VOCAB, n).tolist()
                for i, n in enumerate((70, 33, 101))]  # fmt: skip
     buckets = sampling.Buckets(cache_min=64, chunk_min=32, chunk_max=32)
     dense = sampling.generate(cfg, params, prompts, 12, buckets=buckets)
-    monkeypatch.setattr(attention, "FLASH_BLOCK", 32)
-    flash = sampling.generate(cfg.replace(attention="flash"), params, prompts, 12, buckets=buckets)
+    key_blocks = []
+    prepare = attention.prepare
+
+    def spy(*args, **kw):
+        m = prepare(*args, **kw)
+        if not m.self_attn:  # cached attention (param_logical_axes also traces an init)
+            key_blocks.append(m.live.shape[1] if m.kind == "flash" else 0)
+        return m
+
+    monkeypatch.setattr(attention, "prepare", spy)
+    flash_cfg = cfg.replace(attention="flash", flash_block=32)
+    flash = sampling.generate(flash_cfg, params, prompts, 12, buckets=buckets)
+    assert key_blocks and min(key_blocks) >= 2, key_blocks  # prefill and decode traced, blocked
     assert flash.tokens == dense.tokens
     for a, b in zip(flash.logprobs, dense.logprobs, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
@@ -247,16 +361,32 @@ def test_flash_memory_grows_linearly():
     assert dense[2] > 4 * flash[1], (dense, flash)  # both at T = 2048
 
 
-def test_flash_sharded_forward_equals_dense(hf_models):
-    """Flash on a (2, 2, 2) mesh (batch over data x fsdp, heads over tensor) at T = 600 (two
-    blocks): the unsharded dense logits."""
+def test_flash_sharded_equals_dense(hf_models):
+    """Flash on a (2, 2, 2) mesh (batch over data x fsdp, heads over tensor) at T = 320 (three
+    128-blocks), left and right padding: the unsharded dense token log-probs and every weight's
+    gradient (the backward's dq/dk/dv loops under the same sharding constraints)."""
     cfg, params = models.load_hf(hf_models["qwen2"][1], attention="dense")
-    tokens = np.random.default_rng(5).integers(0, TINY_VOCAB, (4, 600))
-    mask = np.ones((4, 600), np.int64)
-    mask[1, :90], mask[2, 400:] = 0, 0
-    want = np.asarray(models.forward(cfg, params, tokens, mask))
+    t = 320
+    seg = np.ones((4, t), np.int32)
+    seg[1, :50], seg[2, 200:] = 0, 0
+    seg = jnp.asarray(seg)
+    tokens = jnp.asarray(np.random.default_rng(5).integers(0, TINY_VOCAB, (4, t)), jnp.int32)
+    positions = jnp.maximum(jnp.cumsum(seg, axis=1) - 1, 0)
+
+    def grads(c, p):
+        def loss(p):
+            logp, _, valid = models.token_logprobs(c, p, tokens, positions, seg)
+            return (logp * valid).sum(), (logp, valid)
+
+        return jax.jit(jax.grad(loss, has_aux=True))(p)
+
+    g_dense, (lp_dense, valid) = grads(cfg, params)
     mesh = models.make_mesh((2, 2, 2), jax.devices()[:8])
     sharded = jax.device_put(params, models.param_shardings(cfg, mesh))
-    got = np.asarray(models.forward(cfg.replace(attention="flash"), sharded, tokens, mask))
-    real = mask.astype(bool)
-    np.testing.assert_allclose(got[real], want[real], rtol=1e-5, atol=1e-5)
+    with models.use_mesh(mesh):
+        g_flash, (lp_flash, _) = grads(cfg.replace(attention="flash", flash_block=128), sharded)
+    valid = np.asarray(valid)
+    np.testing.assert_allclose(np.asarray(lp_flash)[valid], np.asarray(lp_dense)[valid],
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    for a, b in zip(jax.tree.leaves(g_flash), jax.tree.leaves(g_dense), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)

@@ -35,14 +35,25 @@ def base_row():
     return _train_row(_tiny(), planner.Shape(prompts=1, group=8, seq=512))
 
 
-def test_all_programs_compile_and_report(base_row):
-    rows = planner.plan(
-        _tiny(mesh=(1, 4, 2)),
-        "v5e-8",
-        planner.Shape(prompts=1, group=8, seq=64, prefill_chunk=32, decode_steps=4),
-        programs=("decode",),
-        devices=jax.devices()[:8],
+def test_all_programs_compile_and_report(base_row, monkeypatch):
+    """Also: the sampler programs hold every rollout row of an iteration (num_prompts x G, not
+    one minibatch's P x G) and the cache the rollout allocates (T + one prefill chunk)."""
+    states = []
+    abstract_state = planner.abstract_rollout_state
+
+    def spy(cfg, mesh, batch, capacity):
+        states.append((batch, capacity))
+        return abstract_state(cfg, mesh, batch, capacity)
+
+    monkeypatch.setattr(planner, "abstract_rollout_state", spy)
+    shape = planner.Shape(
+        prompts=1, group=8, seq=64, prefill_chunk=32, decode_steps=4, minibatches=2
     )
+    rows = planner.plan(
+        _tiny(mesh=(1, 4, 2)), "v5e-8", shape, programs=("decode",), devices=jax.devices()[:8]
+    )
+    assert states == [(16, 96)]  # 2 minibatches x 1 prompt x 8; 64 + 32 slots
+    assert (rows[0]["sampler_rows"], rows[0]["cache"], rows[0]["P"]) == (16, 96, 1)
     assert [r["program"] for r in rows] == ["decode"]
     for r in rows + [base_row]:
         assert r["temp_gib"] > 0 and r["argument_gib"] > 0
@@ -85,6 +96,37 @@ def test_flops_formula():
     attn_fwd = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * 2048 * tokens
     assert model == 6 * n * tokens + 3 * attn_fwd
     assert hw == pytest.approx(6 * n * tokens + 3.5 * attn_fwd * 5 / 8)
+    # splash (separate dkv and dq backward kernels: 2 + 4 + 3 matmuls): 4.5 passes; 4 blocks
+    _, hw = planner.train_flops(cfg, shape, "splash")
+    assert hw == pytest.approx(6 * n * tokens + 4.5 * attn_fwd * 5 / 8)
+    # remat dots: dense's attention einsums are saved, flash's forward (a loop) is rerun
+    dots = cfg.replace(remat="dots")
+    assert planner.train_flops(dots, shape)[1] == planner.train_flops(cfg, shape)[1]
+    _, hw = planner.train_flops(dots.replace(attention="flash"), shape)
+    assert hw == pytest.approx(6 * n * tokens + (3.5 + 1) * attn_fwd * 5 / 8)
+
+
+def test_dots_remat_reruns_the_flash_forward():
+    """What `remat_recompute` counts for flash under remat=dots: the grad's program holds the
+    flash forward's two loops (query blocks, key blocks) once more than without remat, so
+    the policy saved nothing of the forward and reruns it."""
+    import jax.numpy as jnp
+
+    from rcgrpo_jax import models
+
+    def loops(remat):
+        cfg = planner.model_config(_tiny()).replace(attention="flash", remat=remat, flash_block=64)
+
+        def loss(p, tok):
+            pos = jnp.broadcast_to(jnp.arange(tok.shape[1]), tok.shape)
+            logp, _, valid = models.token_logprobs(cfg, p, tok, pos, jnp.ones_like(tok))
+            return (logp * valid).sum()
+
+        tok = jax.ShapeDtypeStruct((1, 128), jnp.int32)
+        text = jax.jit(jax.grad(loss)).lower(models.param_shapes(cfg), tok).as_text()
+        return text.count("stablehlo.while")
+
+    assert loops("dots") == loops("none") + 2  # the layers are scanned: one body
 
 
 def test_plans_what_the_config_runs():
@@ -94,12 +136,17 @@ def test_plans_what_the_config_runs():
     c.rl.max_len, c.rl.num_prompts, c.rl.minibatches, c.rl.optim.grad_accum = 12288, 8, 2, 2
     shape = planner.shape_from_config(c)
     assert (shape.seq, shape.prompts, shape.group, shape.grad_accum) == (12288, 4, 8, 2)
+    assert (shape.minibatches, shape.sampler_rows, shape.cache) == (2, 64, 12288 + 128)
     assert planner.shape_from_config(c, seq=4096, grad_accum=None).seq == 4096
     c.model.hf_path = "/nonexistent/Qwen2.5-7B-Instruct"
     cfg = planner.model_config(c)
-    assert cfg.attention == "auto" and planner.planned_attention(cfg, 16384) == ("splash", "flash")
-    assert planner.planned_attention(_tiny_cfg(), 512) == ("flash", "flash")  # head_dim 16
-    assert planner.planned_attention(cfg.replace(attention="dense"), 512) == ("dense", "dense")
+    assert cfg.attention == "auto"
+    kinds = planner.planned_attention
+    assert kinds(cfg, 16384) == planner.PlannedAttention("splash", "flash", "flash")
+    assert kinds(cfg, 1024, 1024).sampler == "dense"  # cached attention under auto, short cache
+    assert kinds(_tiny_cfg(), 512).train == "flash"  # head_dim 16
+    dense = kinds(cfg.replace(attention="dense"), 16384)
+    assert (dense.train, dense.compiled, dense.sampler) == ("dense", "dense", "dense")
 
 
 def _tiny_cfg():

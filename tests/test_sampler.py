@@ -200,9 +200,15 @@ def test_compile_count_bounded(loaded):
 
 def test_capacity_and_input_errors(loaded):
     cfg, params = loaded["qwen2"]
-    sess = sampling.Session(cfg, params, max_len=256, buckets=BUCKETS)
+    # trajectories of up to 224 tokens: 224 + one (padded) prefill chunk of 32 slots
+    capacity = sampling.cache_capacity(224, BUCKETS)
+    assert capacity == 256
+    sess = sampling.Session(cfg, params, max_len=capacity, buckets=BUCKETS)
     sess.start([[5] * 230])  # prefilled in 8 chunks
     assert sess.prefill_tokens == [230]
+    assert sess.state.capacity <= capacity
+    assert sess.state.batch == sampling.batch_capacity(1, 1, BUCKETS) == BUCKETS.batch_min
+    assert sampling.batch_capacity(5, 8, BUCKETS) == 8 and sampling.batch_capacity(9) == 16
     with pytest.raises(sampling.CapacityError, match="max_len=256"):
         sess.decode_turn(64)
     with pytest.raises(ValueError, match="outside"):

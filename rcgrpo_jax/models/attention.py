@@ -11,13 +11,15 @@ continuation. Every kind computes it; they differ in what they hold in memory:
   memory is O(T * block). Blocks that no query of the batch can see (above the causal diagonal,
   all padding, disjoint segments) are skipped. Portable; the fallback everywhere.
 - `splash`: Pallas splash attention (TPU): causal mask + segment ids, shard_mapped over the
-  mesh's batch and head axes. Off TPU it runs in Pallas interpret mode (slow; for tests).
+  mesh's batch and head axes. Explicit `splash` off a TPU raises (the Pallas interpreter would
+  run it, orders of magnitude slower); tests call `splash(..., interpret=True)`.
 - `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")` (GPU): causal + per-row
   lengths, so only rows that hold one segment from slot 0 (right padding) qualify.
 
 `auto` picks per backend (`resolve`). The sampler's cached attention (prefill chunks and decode
 steps at per-row cache offsets) is `dense` or `flash`: splash's static mask and cuDNN's lengths
-cannot express a per-row offset, so `splash`/`cudnn` models attend there with `flash`.
+cannot express a per-row offset, so `splash`/`cudnn` models attend there with `flash`, and
+`auto` takes dense up to DENSE_MAX_LEN keys (a one-token decode step's scores are small).
 
 Layouts are those of the KV cache: q [B, T, H, D], keys transposed [B, KV, D, S], values
 [B, KV, S, D]; grouped-query heads are handled by reshaping q to [B, KV, G, T, D], never by
@@ -37,8 +39,7 @@ from rcgrpo_jax.models.config import ModelConfig
 from rcgrpo_jax.models.sharding import constrain
 
 _MASKED = -1e30  # finite, so rows with no visible key (padding queries) give no NaN
-FLASH_BLOCK = 512  # flash query/key block length (shorter for short sequences)
-DENSE_MAX_LEN = 1024  # `auto` on CPU: dense up to this many keys, flash beyond
+DENSE_MAX_LEN = 1024  # `auto` on CPU and for cached attention: dense up to this many keys
 SPLASH_BLOCK = 512  # splash's largest block (it needs multiples of 128)
 
 _Q_AXES = ("act_batch", "act_kv_heads", None, None, None)  # [B, KV, G, T, D]
@@ -57,29 +58,46 @@ def resolve(
     head_dim: int,
     dtype: jnp.dtype,
 ) -> str:
-    """The kernel a call runs: `kind` itself, or for `auto` the backend's choice.
+    """The kernel a call runs: `kind` itself, or for `auto` the backend's choice (`_auto`).
 
-    auto: CPU -> dense up to DENSE_MAX_LEN keys (today's calibrated numerics at short lengths),
-    flash beyond; TPU -> splash for self-attention at head_dim % 128 == 0, else flash; GPU ->
-    cudnn for self-attention where its shapes/dtypes apply (rows it cannot express take flash at
-    run time), else flash. Cached attention (`self_attn=False`) is dense or flash only.
-    Explicit `cudnn` off a GPU, or with a dtype/head_dim it does not take, raises.
+    Cached attention (`self_attn=False`) is dense or flash only: an explicit splash/cudnn runs
+    flash there. Explicit `cudnn` off a GPU (or with a dtype/head_dim it does not take) and
+    explicit `splash` off a TPU raise here, when the mask is built, not deep inside a kernel.
     """
     if kind == "auto":
-        if backend == "tpu":
-            kind = "splash" if self_attn and head_dim % 128 == 0 else "flash"
-        elif backend == "gpu":
-            ok = self_attn and _cudnn_problem(backend, head_dim, dtype) is None
-            kind = "cudnn" if ok else "flash"
-        else:
-            kind = "dense" if kv_len <= DENSE_MAX_LEN else "flash"
-    elif kind == "cudnn":
-        problem = _cudnn_problem(backend, head_dim, dtype)
-        if problem is not None:
-            raise ValueError(f"model.attention='cudnn': {problem}; use 'auto' or 'flash'")
+        return _auto(backend, self_attn, kv_len, head_dim, dtype)
+    problem = _backend_problem(kind, backend, head_dim, dtype)
+    if problem is not None:
+        raise ValueError(f"model.attention={kind!r}: {problem}; use 'auto' or 'flash'")
     if not self_attn and kind in ("splash", "cudnn"):
-        kind = "flash"  # per-row cache offsets: see the module docstring
+        return "flash"  # per-row cache offsets: see the module docstring
     return kind
+
+
+def _auto(backend: str, self_attn: bool, kv_len: int, head_dim: int, dtype: jnp.dtype) -> str:
+    """`auto`: the training self-attention on a TPU -> splash at head_dim % 128 == 0, else
+    flash; on a GPU -> cudnn where its shapes/dtypes apply (rows it cannot express take flash at
+    run time), else flash. Everywhere else (CPU; cached attention on every backend): dense up to
+    DENSE_MAX_LEN keys, flash beyond. Dense keeps the CPU's calibrated numerics at short lengths
+    and costs little where the scores are small (a decode step's [B, H, 1, S]); flash bounds
+    them when a long prefill chunk would hold [B, H, T, S]."""
+    if self_attn and backend == "tpu":
+        return "splash" if head_dim % 128 == 0 else "flash"
+    if self_attn and backend == "gpu":
+        return "cudnn" if _backend_problem("cudnn", backend, head_dim, dtype) is None else "flash"
+    return "dense" if kv_len <= DENSE_MAX_LEN else "flash"
+
+
+def _backend_problem(kind: str, backend: str, head_dim: int, dtype: jnp.dtype) -> str | None:
+    """Why an explicit `kind` cannot run on `backend` (None: it can)."""
+    if kind == "cudnn":
+        return _cudnn_problem(backend, head_dim, dtype)
+    if kind == "splash" and backend != "tpu":
+        return (
+            f"Pallas splash attention needs a TPU backend, this one is {backend!r} (off a TPU "
+            "only the Pallas interpreter runs it, orders of magnitude slower)"
+        )
+    return None
 
 
 def _cudnn_problem(backend: str, head_dim: int, dtype: jnp.dtype) -> str | None:
@@ -133,12 +151,13 @@ def prepare(
     m = Mask(q_slot, q_seg, kv_seg, kind=kind, self_attn=self_attn)
     if kind == "dense":
         return m.replace(dense=segment_mask(q_slot, q_seg, kv_seg))
+    blocks = flash_blocks(t, s, cfg.flash_block)
     if kind == "flash":
-        return m.replace(live=block_liveness(q_slot, q_seg, kv_seg, flash_blocks(t, s)))
+        return m.replace(live=block_liveness(q_slot, q_seg, kv_seg, blocks))
     if kind == "cudnn":
         simple = one_segment_rows(q_seg)
         if cfg.attention == "auto":  # rows cuDNN cannot express run through flash
-            live = block_liveness(q_slot, q_seg, kv_seg, flash_blocks(t, s))
+            live = block_liveness(q_slot, q_seg, kv_seg, blocks)
             return m.replace(simple=simple, live=live, fallback=True)
         jax.debug.callback(_check_simple, simple)
         return m.replace(simple=simple)
@@ -154,7 +173,8 @@ def _check_simple(simple) -> None:
 
 
 def one_segment_rows(seg: jax.Array) -> jax.Array:
-    """Whether every row of segments [B, T] is one non-zero id on slots [0, n), then zeros."""
+    """Whether every row of segments [B, T] is one non-zero id on slots [0, n), then zeros (an
+    all-padding row, n = 0, qualifies: `cudnn_lengths` gives it length 1, `cudnn` zeroes it)."""
     n = jnp.sum(seg > 0, axis=1, keepdims=True)
     slots = jnp.arange(seg.shape[1], dtype=jnp.int32)[None, :]
     return jnp.all(jnp.where(slots < n, seg == seg[:, :1], seg == 0))
@@ -186,26 +206,40 @@ def apply(
     raise ValueError(f"unknown attention kind {m.kind!r}")
 
 
-def flop_units(kind: str, t: int) -> tuple[float, float]:
+# Passes of the forward attention (QK^T and PV: 2 matmuls) per train step, backward included.
+# dense: backward dP, dV, dQ, dK -> 2 + 4 = 6 matmuls, 3 passes. flash and cuDNN (FlashAttention-2
+# style): one backward kernel recomputes QK^T, then dV, dP, dQ, dK -> 2 + 5 = 7, 3.5 passes.
+# splash with its separate dq kernel (`_splash_kernel`): dkv recomputes QK^T, then dV, dP, dK (4),
+# dq recomputes QK^T, then dP, dQ (3) -> 2 + 4 + 3 = 9 matmuls, 4.5 passes.
+ATTENTION_PASSES = {"dense": 3.0, "flash": 3.5, "cudnn": 3.5, "splash": 4.5}
+
+
+def flop_units(kind: str, t: int, flash_block: int) -> tuple[float, float]:
     """(fraction of the causal T x T the forward computes, passes of it per train step) for a
     kernel at length t: the planner's hardware FLOPs. Dense skips `causal_blocks`; the
-    blockwise kernels skip 512-blocks above the diagonal and recompute the scores backward
-    (fwd 2 + bwd 5 matmuls = 3.5 forward passes, against dense's 3)."""
+    blockwise kernels skip the blocks above the diagonal (flash/cuDNN: `flash_blocks`; splash:
+    its own block on the 128-padded length). Passes: `ATTENTION_PASSES`."""
     if kind == "dense":
         n = causal_blocks(t)
-        return (n + 1) / (2 * n), 3.0
-    n = flash_blocks(t, t)[0]
-    return (n + 1) / (2 * n), 3.5
+    elif kind == "splash":
+        tp = -(-t // 128) * 128
+        n = tp // _splash_block(tp)
+    else:
+        n = flash_blocks(t, t, flash_block)[0]
+    return (n + 1) / (2 * n), ATTENTION_PASSES[kind]
 
 
 # ---------------------------------------------------------------------------------------------
 # dense
 
 
-def segment_mask(q_slot: jax.Array, q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
+def segment_mask(
+    q_slot: jax.Array, q_segments: jax.Array, kv_segments: jax.Array, k_start: int | jax.Array = 0
+) -> jax.Array:
     """[B, T, S]: query at slot q_slot[b, t] sees key slot s iff s <= q_slot and both carry the
-    same non-zero segment (the one masking rule)."""
-    kv_slot = jnp.arange(kv_segments.shape[1], dtype=jnp.int32)
+    same non-zero segment (the one masking rule). The keys are slots k_start .. k_start + S - 1:
+    0 for a whole cache or sequence (dense), a block's first slot inside `flash`."""
+    kv_slot = k_start + jnp.arange(kv_segments.shape[1], dtype=jnp.int32)
     return (
         (kv_slot[None, None, :] <= q_slot[:, :, None])
         & (kv_segments[:, None, :] == q_segments[:, :, None])
@@ -312,10 +346,9 @@ def _split(n: int, block: int) -> tuple[int, int]:
     return nb, -(-n // nb)
 
 
-def flash_blocks(t: int, s: int, block: int | None = None) -> tuple[int, int, int, int]:
-    """(nq, bq, nk, bk): the query and key blocking of `flash` for t queries over s keys
-    (`block` None: FLASH_BLOCK, read at trace time)."""
-    block = FLASH_BLOCK if block is None else block
+def flash_blocks(t: int, s: int, block: int) -> tuple[int, int, int, int]:
+    """(nq, bq, nk, bk): the query and key blocking of `flash` for t queries over s keys in
+    blocks of at most `block` (`ModelConfig.flash_block`)."""
     return (*_split(t, block), *_split(s, block))
 
 
@@ -366,16 +399,6 @@ def _live_range(live: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.min(jnp.where(live, idx, m), axis=1), jnp.max(jnp.where(live, idx + 1, 0), axis=1)
 
 
-def _block_mask(q_slot, q_seg, kv_seg, k_start):
-    """The rule on one block pair: q_slot/q_seg [B, bq], kv_seg [B, bk] from slot k_start."""
-    kv_slot = k_start + jnp.arange(kv_seg.shape[1], dtype=jnp.int32)
-    return (
-        (kv_slot[None, None, :] <= q_slot[:, :, None])
-        & (kv_seg[:, None, :] == q_seg[:, :, None])
-        & (kv_seg[:, None, :] > 0)
-    )
-
-
 def flash(
     cfg: ModelConfig,
     q: jax.Array,
@@ -389,11 +412,11 @@ def flash(
     block: int | None = None,
 ) -> jax.Array:
     """Blockwise attention under the rule, never holding more than one [B, H, bq, bk] block of
-    scores. Queries/keys are padded (segment 0) to whole blocks; `live` is `block_liveness`
-    for the same blocking (computed here when not given). Padding queries get zeros."""
-    del cfg  # dtypes come from q/k/v
+    scores. Queries/keys are padded (segment 0) to whole blocks of at most `block` (None:
+    `cfg.flash_block`); `live` is `block_liveness` for the same blocking (computed here when not
+    given). Padding queries get zeros. Dtypes come from q/k/v."""
     t, s = q.shape[1], keys_t.shape[3]
-    blocks = flash_blocks(t, s, block)
+    blocks = flash_blocks(t, s, cfg.flash_block if block is None else block)
     nq, bq, nk, bk = blocks
     if live is None:
         live = block_liveness(q_slot, q_seg, kv_seg, blocks)
@@ -438,8 +461,8 @@ def _flash_fwd(q, keys_t, values, q_slot, q_seg, kv_seg, live, bq, bk):
             m, denom, acc = carry
             kj = jax.lax.dynamic_slice_in_dim(keys_t, j * bk, bk, axis=3)
             vj = jax.lax.dynamic_slice_in_dim(values, j * bk, bk, axis=2)
-            mask = _block_mask(slot_i, seg_i, jax.lax.dynamic_slice_in_dim(kv_seg, j * bk, bk, 1),
-                               j * bk)  # fmt: skip
+            seg_j = jax.lax.dynamic_slice_in_dim(kv_seg, j * bk, bk, axis=1)
+            mask = segment_mask(slot_i, seg_i, seg_j, j * bk)
             s = _scores(qi, kj, mask, scale)
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
             p = jnp.where(mask[:, None, None], jnp.exp(s - m_new[..., None]), 0.0)
@@ -490,7 +513,7 @@ def _flash_bwd(bq, bk, res, dout):
             dq, dk, dv = carry
             sl = lambda x, axis: jax.lax.dynamic_slice_in_dim(x, i * bq, bq, axis=axis)
             qi, do_i = sl(qg, 3), sl(do, 3)
-            mask = _block_mask(sl(q_slot, 1), sl(q_seg, 1), seg_j, j * bk)
+            mask = segment_mask(sl(q_slot, 1), sl(q_seg, 1), seg_j, j * bk)
             sc = _scores(qi, kj, mask, scale)
             p = jnp.where(mask[:, None, None], jnp.exp(sc - sl(lse, 3)[..., None]), 0.0)
             dv = dv + jnp.einsum("bkgts,bkgtd->bksd", p.astype(do_i.dtype), do_i,
@@ -534,7 +557,14 @@ def _splash_block(t: int) -> int:
 
 def _splash_kernel(heads: int, t: int, interpret: bool):
     """The splash kernel for `heads` local heads at length t (built per trace: it holds arrays
-    made with jnp, which inside a jit are that trace's values, so it cannot be cached)."""
+    made with jnp, which inside a jit are that trace's values, so it cannot be cached).
+
+    The backward runs splash's separate dkv and dq kernels (`use_fused_bwd_kernel=False`, 4.5
+    forward passes per step, `ATTENTION_PASSES`). jax 0.10.2's fused kernel does take segment
+    ids, but it writes dq unreduced, one [heads, T, D] slice per key block (T / block of them,
+    in the input dtype) and sums them after: at T = 16384 that is 32 x the dq of a layer in
+    memory, each partial rounded to bf16 before the sum. Neither path has run on a TPU here, so
+    the library's default two-kernel backward, which keeps dq O(T), stays."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
@@ -557,16 +587,22 @@ def splash(
     values: jax.Array,
     q_seg: jax.Array,
     kv_seg: jax.Array,
+    *,
+    interpret: bool = False,
 ) -> jax.Array:
     """Causal self-attention with segment ids through Pallas splash attention, vmapped over the
     batch and, inside a mesh, shard_mapped over its batch and head axes. The length is padded
     to a multiple of 128 with segment 0. Splash lets padding queries see earlier padding keys
-    (ids equal, both 0); no real query sees them, so the real rows follow the rule exactly."""
+    (ids equal, both 0); no real query sees them, so the real rows follow the rule exactly.
+
+    Off a TPU this raises unless `interpret` (tests only: the Pallas interpreter is far too
+    slow to train with, so it must never stand in silently)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 
+    if not interpret and jax.default_backend() != "tpu":
+        raise ValueError(_backend_problem("splash", jax.default_backend(), 128, q.dtype))
     t, d = q.shape[1], q.shape[3]
     tp = -(-t // 128) * 128
-    interpret = jax.default_backend() != "tpu"
     qh = _pad_to((q * (1.0 / math.sqrt(d))).astype(q.dtype).transpose(0, 2, 1, 3), tp, 2)
     kh = _pad_to(keys_t.transpose(0, 1, 3, 2), tp, 2)  # [B, KV, T, D]
     vh = _pad_to(values, tp, 2)
@@ -612,19 +648,34 @@ def _shard_mapped(fn, mesh, qh, kh, vh, q_seg, kv_seg):
 
 
 def cudnn(
-    cfg: ModelConfig, q: jax.Array, keys_t: jax.Array, values: jax.Array, q_seg: jax.Array
+    cfg: ModelConfig,
+    q: jax.Array,
+    keys_t: jax.Array,
+    values: jax.Array,
+    q_seg: jax.Array,
+    *,
+    implementation: str = "cudnn",
 ) -> jax.Array:
     """Causal self-attention through cuDNN's fused kernel, with each row's length the number of
-    its real tokens: exact for rows holding one segment from slot 0 (`one_segment_rows`)."""
-    lengths = jnp.sum(q_seg > 0, axis=1).astype(jnp.int32)
+    its real tokens (`cudnn_lengths`): exact for rows holding one segment from slot 0
+    (`one_segment_rows`). Padding queries get zeros, as in `flash`. `implementation="xla"`
+    runs the same call through XLA (tests, off a GPU)."""
     out = jax.nn.dot_product_attention(
         q,
         keys_t.transpose(0, 3, 1, 2),
         values.transpose(0, 2, 1, 3),
         is_causal=True,
-        query_seq_lengths=lengths,
-        key_value_seq_lengths=lengths,
-        implementation="cudnn",
+        query_seq_lengths=cudnn_lengths(q_seg),
+        key_value_seq_lengths=cudnn_lengths(q_seg),
+        implementation=implementation,
     )
-    out = out.astype(cfg.compute_dtype)
+    out = jnp.where((q_seg > 0)[:, :, None, None], out, 0).astype(cfg.compute_dtype)
     return constrain(out, ("act_batch", "act_len", "act_heads", "head_dim"))
+
+
+def cudnn_lengths(q_seg: jax.Array) -> jax.Array:
+    """[B] int32: each row's real tokens, at least 1. An all-padding row (length 0: a padded
+    batch bucket) would have cuDNN normalise over no keys, which may give NaN, and NaN softmax
+    statistics reach the gradients even where the output is zeroed (0 x NaN); at length 1 its
+    slot 0 attends to itself, finite, and `cudnn` zeroes it."""
+    return jnp.maximum(jnp.sum(q_seg > 0, axis=1), 1).astype(jnp.int32)

@@ -61,6 +61,10 @@ class ModelConfig:
     # The attention kernel (one of ATTENTION_KINDS; `models.attention.resolve` says what `auto`
     # picks per backend). Every kind computes the same masking rule; only memory/speed differ.
     attention: str = "auto"
+    # `flash`'s query/key block length (shorter for short sequences). A field, not a module
+    # constant: the config is the jitted programs' static key, so a program compiled at one
+    # block length is never reused at another.
+    flash_block: int = 512
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -71,6 +75,8 @@ class ModelConfig:
             raise ValueError(f"remat={self.remat!r}; expected one of {REMAT_POLICIES}")
         if self.attention not in ATTENTION_KINDS:
             raise ValueError(f"attention={self.attention!r}; expected one of {ATTENTION_KINDS}")
+        if self.flash_block < 1:
+            raise ValueError(f"flash_block={self.flash_block} must be >= 1")
         if self.family not in ("qwen2", "llama"):
             raise ValueError(f"family={self.family!r}; expected 'qwen2' or 'llama'")
 

@@ -36,7 +36,7 @@ from rcgrpo_jax.envs.executor import CALL_TIMEOUT_S
 from rcgrpo_jax.envs.reward import ENV_ERROR, RewardResult
 from rcgrpo_jax.models import ModelConfig, Params
 from rcgrpo_jax.rl.advantages import NONE
-from rcgrpo_jax.sampling import Buckets, Session, length_bucket
+from rcgrpo_jax.sampling import Session, cache_capacity, length_bucket
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def collect(
     session = Session(
         cfg, params, temperature=settings.temperature, top_p=settings.top_p,
         top_k=settings.top_k, seed=seed, mesh=mesh,
-        max_len=settings.max_len + Buckets().chunk_max,
+        max_len=cache_capacity(settings.max_len),
     )  # fmt: skip
     session.start(start, reserve=settings.max_new_tokens)
     session.finish(failed_at_start)

@@ -19,6 +19,8 @@ from rcgrpo_jax.sampling.session import (
     Session,
     Trajectory,
     TurnOutput,
+    batch_capacity,
+    cache_capacity,
     generate,
     length_bucket,
 )
@@ -32,6 +34,8 @@ __all__ = [
     "Session",
     "Trajectory",
     "TurnOutput",
+    "batch_capacity",
+    "cache_capacity",
     "compile_count",
     "state_logical_axes",
     "state_shapes",

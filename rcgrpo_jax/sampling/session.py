@@ -67,6 +67,20 @@ def _geom(n: int, lo: int) -> int:
     return size * 3 // 4 if size >= 2 * lo and n <= size * 3 // 4 else size
 
 
+def cache_capacity(max_len: int, buckets: Buckets = Buckets()) -> int:  # noqa: B008 (frozen)
+    """Cache slots per row for trajectories of up to `max_len` tokens: the `max_len` to give
+    their `Session`, and so the largest cache it allocates. One prefill chunk more than
+    `max_len`, because the last chunk of an append is padded to its bucket and writes past the
+    row's last real token. The RL rollout sizes its session and the planner its cache by this."""
+    return int(max_len) + buckets.chunk_max
+
+
+def batch_capacity(rows: int, shard: int = 1, buckets: Buckets = Buckets()) -> int:  # noqa: B008
+    """State rows a `Session` allocates for `rows` trajectories: a power of two, at least
+    `buckets.batch_min` and the mesh's data x fsdp size `shard` (every shard holds rows)."""
+    return _pow2(rows, max(buckets.batch_min, shard))
+
+
 def length_bucket(n: int, buckets: Buckets = Buckets()) -> int:  # noqa: B008 (frozen)
     """The cache-length bucket of `n` tokens: 2^k or 1.5 * 2^k (>= cache_min) up to
     cache_geom_max, then multiples of it. The RL step's T uses the same rule, so the programs
@@ -148,10 +162,9 @@ class Session:
         self._top_k = np.int32(top_k)
         self._top_p = np.float32(top_p)
         self._key = jax.random.key(seed)
-        self._batch_min = buckets.batch_min
+        self._shard = 1
         if self.mesh is not None:
-            shard = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-            self._batch_min = max(self._batch_min, shard)
+            self._shard = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         self._state: core.RolloutState | None = None
         self._live: list[int] = []  # row at each state slot (slots >= len are empty)
         self._finished: set[int] = set()
@@ -329,7 +342,7 @@ class Session:
             return fn(*args)
 
     def _batch_bucket(self, rows: Sequence[Any]) -> int:
-        return _pow2(len(rows), self._batch_min)
+        return batch_capacity(len(rows), self._shard, self.buckets)
 
     def _chunk_bucket(self, n: int) -> int:
         return min(_geom(n, self.buckets.chunk_min), self.buckets.chunk_max)
@@ -516,5 +529,8 @@ __all__ = [
     "Session",
     "Trajectory",
     "TurnOutput",
+    "batch_capacity",
+    "cache_capacity",
     "generate",
+    "length_bucket",
 ]

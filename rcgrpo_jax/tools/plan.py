@@ -7,10 +7,11 @@
 It plans what the config runs: P, G, T and grad_accum default to the config's RL update
 (`rl.num_prompts` / `rl.minibatches`, `rl.group_size`, `rl.max_len`, `rl.optim.grad_accum`; the
 flags override them), the prefill chunk to the sampler's `Buckets.chunk_max`, and the attention
-kernel to what `model.attention` picks on a TPU (`models.attention.resolve`). Splash is a Pallas
-TPU kernel, which does not compile for the CPU, so a splash config is compiled with `flash` in its
-place: the same O(T * block) memory (blockwise scores, output + log-sum-exp kept for the backward
-pass); the output says so.
+kernels to what `model.attention` picks on a TPU (`models.attention.resolve`, for the train step
+and for the sampler's cached attention). Splash is a Pallas TPU kernel, which does not compile for
+the CPU, so a splash config's train step is compiled with `flash` in its place: the same
+O(T * block) memory (blockwise scores, output + log-sum-exp kept for the backward pass); the
+output says so. Its FLOPs are counted for splash.
 
 For a topology of N chips the planner runs on N virtual CPU devices (it re-executes itself with
 `XLA_FLAGS=--xla_force_host_platform_device_count=N`), builds the config's (data, fsdp, tensor)
@@ -18,7 +19,9 @@ mesh and lowers + compiles, with abstract inputs only (ShapeDtypeStructs carryin
 nothing is allocated):
 
 - train:   the fused RC-GRPO step (`rl.train_step.make_rl_step`) on a [P, G, T] rollout batch;
-- decode:  the sampler's decode program (`sampling.core.decode`) at batch P·G, cache length T;
+- decode:  the sampler's decode program (`sampling.core.decode`) over every rollout row of an
+           iteration (num_prompts·G = P·minibatches·G, `sampling.batch_capacity`) at the cache
+           length the rollout allocates (`sampling.cache_capacity(T)`);
 - prefill: the sampler's prefill program for one chunk (`--prefill_chunk`) into that cache.
 
 Per program it reports XLA's per-device memory (arguments, outputs, temporaries, peak), whether
@@ -89,21 +92,36 @@ HEADROOM = 0.9  # "fits" = peak <= 90% of HBM (runtime reservations, fragmentati
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-    prompts: int = 8  # P
+    prompts: int = 8  # P: prompts per train step (rl.num_prompts / rl.minibatches)
     group: int = 8  # G rollouts per prompt
-    seq: int = 16384  # T tokens per trajectory (= decode cache length)
+    seq: int = 16384  # T tokens per trajectory (rl.max_len)
     grad_accum: int = 1  # microbatches of whole groups in the train step
     prefill_chunk: int = 128  # the sampler's largest prefill chunk (Buckets.chunk_max)
     decode_steps: int = 64  # tokens per decode call (Buckets.decode_steps); memory barely moves
+    minibatches: int = 1  # train steps per rollout batch: the sampler rolls out all of them
 
     @property
     def rollouts(self) -> int:
+        """Rows of one train step: P·G."""
         return self.prompts * self.group
+
+    @property
+    def sampler_rows(self) -> int:
+        """Rows the sampler rolls out at once: every train step's, num_prompts·G."""
+        return self.prompts * self.minibatches * self.group
+
+    @property
+    def cache(self) -> int:
+        """KV-cache slots per row the rollout allocates (`sampling.cache_capacity`)."""
+        from rcgrpo_jax.sampling import Buckets, cache_capacity
+
+        return cache_capacity(self.seq, Buckets(chunk_max=self.prefill_chunk))
 
 
 def shape_from_config(config, **overrides: int | None) -> Shape:
     """The [P, G, T] update the config's RL stage runs (`rl.*`: P = num_prompts / minibatches
-    prompts per update); overrides that are not None win."""
+    prompts per update; the sampler rolls out all minibatches at once); overrides that are not
+    None win."""
     from rcgrpo_jax.sampling import Buckets
 
     rl = config.rl
@@ -115,6 +133,7 @@ def shape_from_config(config, **overrides: int | None) -> Shape:
         "grad_accum": int(rl.optim.grad_accum),
         "prefill_chunk": buckets.chunk_max,
         "decode_steps": buckets.decode_steps,
+        "minibatches": max(1, int(rl.minibatches)),
     }
     base.update({k: int(v) for k, v in overrides.items() if v is not None})
     return Shape(**base)
@@ -157,21 +176,26 @@ def model_config(config, extra_vocab: int = 0):
     return cfg.replace(vocab_size=cfg.vocab_size + extra_vocab) if extra_vocab else cfg
 
 
-def planned_attention(cfg, seq: int) -> tuple[str, str]:
-    """(kernel the config runs on a TPU, kernel the CPU compile stands in with): splash is
-    compiled as flash (see the module docstring); the sampler's cached attention is flash or
-    dense either way."""
+@dataclasses.dataclass(frozen=True)
+class PlannedAttention:
+    """The kernels a config runs on a TPU, and what the CPU compile stands in with."""
+
+    train: str  # the train step's self-attention on a TPU (FLOPs are counted for it)
+    compiled: str  # what the train step is compiled with here: splash -> flash
+    sampler: str  # the sampler's cached attention at the full cache (dense | flash, both here)
+
+
+def planned_attention(cfg, seq: int, cache: int | None = None) -> PlannedAttention:
+    """`models.attention.resolve` on a TPU for the train step at T = `seq` and for the sampler's
+    cached attention over `cache` slots (default `seq`). Splash does not compile for the CPU, so
+    the train step is compiled as flash (see the module docstring)."""
     from rcgrpo_jax.models import attention
 
-    kind = attention.resolve(
-        cfg.attention,
-        backend="tpu",
-        self_attn=True,
-        kv_len=seq,
-        head_dim=cfg.head_dim,
-        dtype=cfg.compute_dtype,
-    )
-    return kind, "flash" if kind == "splash" else kind
+    kw = dict(backend="tpu", head_dim=cfg.head_dim, dtype=cfg.compute_dtype)
+    train = attention.resolve(cfg.attention, self_attn=True, kv_len=seq, **kw)
+    kv_len = seq if cache is None else cache
+    sampler = attention.resolve(cfg.attention, self_attn=False, kv_len=kv_len, **kw)
+    return PlannedAttention(train, "flash" if train == "splash" else train, sampler)
 
 
 def resolve_mesh_shape(shape: Sequence[int], n: int) -> tuple[int, ...]:
@@ -305,16 +329,25 @@ def compile_train(jitted, mesh, state, batch) -> Compiled:
     return Compiled("train", compiled, time.perf_counter() - t0)
 
 
+def sampler_batch(mesh, shape: Shape) -> int:
+    """State rows of the rollout's session: all num_prompts·G rows, bucketed as `Session`
+    buckets them (`sampling.batch_capacity` over the mesh's data x fsdp shards)."""
+    from rcgrpo_jax.sampling import batch_capacity
+
+    return batch_capacity(shape.sampler_rows, mesh.shape["data"] * mesh.shape["fsdp"])
+
+
 def compile_sampler(cfg, mesh, shape: Shape, program: str, params, resident: int) -> Compiled:
-    """Lowers + compiles `sampling.core.decode` or `prefill` at batch P·G, cache length T."""
+    """Lowers + compiles `sampling.core.decode` or `prefill` over all rollout rows
+    (`sampler_batch`) at the rollout's cache length (`Shape.cache`)."""
     import jax
     import jax.numpy as jnp
 
     from rcgrpo_jax.models.sharding import use_mesh
     from rcgrpo_jax.sampling import core
 
-    b = shape.rollouts
-    state = abstract_rollout_state(cfg, mesh, b, shape.seq)
+    b = sampler_batch(mesh, shape)
+    state = abstract_rollout_state(cfg, mesh, b, shape.cache)
     rep = lambda shp, dt: _replicated(mesh, jax.ShapeDtypeStruct(shp, dt))
     batch_vec = lambda dt: _sds((b,), dt, state.traj.sharding)
     t0 = time.perf_counter()
@@ -359,38 +392,53 @@ def matmul_params(cfg) -> int:
     return cfg.num_layers * (2 * e * h * d + 2 * e * kv * d + 3 * e * m) + e * cfg.vocab_size
 
 
-def train_flops(cfg, shape: Shape) -> tuple[float, float]:
+def train_flops(cfg, shape: Shape, kind: str | None = None) -> tuple[float, float]:
     """(model FLOPs, hardware FLOPs) of one train step on P·G·T tokens.
 
     model    = 6·N·tokens + 12·L·H·D·T·tokens   (fwd 2 + bwd 4 per weight per token; attention
                QKᵀ and PV, 2·2·H·D·T per token per layer forward, ×3 with backward, over the
                full T×T: PaLM's MFU convention, whatever an implementation skips)
-    hardware = what our step computes (`models.attention.flop_units` of `cfg.attention`, "auto"
-               as on a TPU): the attention only over the blocks on or below the causal diagonal
-               (dense: `causal_blocks`; flash/splash: 512-blocks), ×3 with backward for dense,
-               ×3.5 for the blockwise kernels (they recompute the scores), plus what the remat
-               policy recomputes in the backward pass: full: one more forward of the layers;
-               dots_no_batch: the attention einsums; dots / none: nothing.
+    hardware = what our step computes with attention kernel `kind` (default: what
+               `cfg.attention` runs on a TPU, `planned_attention`): the attention only over the
+               blocks on or below the causal diagonal, `models.attention.flop_units` passes of
+               it (dense 3, flash/cuDNN 3.5, splash 4.5), plus what the remat policy recomputes
+               in the backward pass (`remat_recompute`).
     """
     from rcgrpo_jax.models.attention import flop_units
 
+    kind = planned_attention(cfg, shape.seq).train if kind is None else kind
     tokens = shape.rollouts * shape.seq
     n = matmul_params(cfg)
-    n_layers = n - cfg.hidden_size * cfg.vocab_size
     attn_fwd = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * shape.seq  # per token
-    fraction, passes = flop_units(planned_attention(cfg, shape.seq)[1], shape.seq)
+    fraction, passes = flop_units(kind, shape.seq, cfg.flash_block)
     attn_hw = attn_fwd * fraction
     model = (6 * n + 3 * attn_fwd) * tokens
-    hardware = 6 * n + passes * attn_hw
-    hardware += {"full": 2 * n_layers + attn_hw, "dots_no_batch": attn_hw}.get(cfg.remat, 0)
+    hardware = 6 * n + passes * attn_hw + remat_recompute(cfg, kind, attn_hw)
     return float(model), float(hardware * tokens)
 
 
-def sampler_flops(cfg, shape: Shape, program: str) -> float:
-    """FLOPs of one decode token step (B rows) or one prefill chunk: 2·N per token plus
-    attention over the whole cache capacity T (dense: 4·L·H·D·T per token)."""
-    per_tok = 2 * matmul_params(cfg) + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * shape.seq
-    toks = shape.rollouts * (1 if program == "decode" else min(shape.prefill_chunk, shape.seq))
+def remat_recompute(cfg, kind: str, attn_hw: float) -> float:
+    """Per-token FLOPs the remat policy recomputes in the backward pass. full: one more forward
+    of the layers (2·N_layers + attention). dots_no_batch: the attention, whose einsums all have
+    batch dims. dots: nothing for dense (its einsums are saved), but the other kernels'
+    attention forward: flash's out/lse come out of a loop, splash's and cuDNN's out of a kernel
+    call, none of them a dot, so the policy saves none and the backward reruns the forward
+    (the grad's program holds flash's forward loop twice). none: nothing."""
+    n_layers = matmul_params(cfg) - cfg.hidden_size * cfg.vocab_size
+    if cfg.remat == "full":
+        return 2 * n_layers + attn_hw
+    if cfg.remat == "dots_no_batch" or (cfg.remat == "dots" and kind != "dense"):
+        return attn_hw
+    return 0.0
+
+
+def sampler_flops(cfg, mesh, shape: Shape, program: str) -> float:
+    """FLOPs of one decode token step (every state row) or one prefill chunk: 2·N per token
+    plus attention over the whole cache capacity (dense: 4·L·H·D·cache per token)."""
+    attn = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * shape.cache
+    chunk = 1 if program == "decode" else min(shape.prefill_chunk, shape.seq)
+    toks = sampler_batch(mesh, shape) * chunk
+    per_tok = 2 * matmul_params(cfg) + attn
     return float(per_tok * toks)
 
 
@@ -406,7 +454,8 @@ def hbm_traffic(cfg, mesh, shape: Shape, program: str, state_bytes: int) -> floa
     FSDP gathers each layer's weights onto every device, so a device reads all weights divided
     only by the tensor axis (in param dtype; the bf16 cast is fused). train: weights × (2, or 3
     with full remat) + the optimizer's read/write of its state shard (2 × state bytes).
-    decode/prefill: weights once + the device's share of the KV cache. Activations ignored.
+    decode/prefill: weights once + the device's share of the KV cache (all rollout rows, the
+    rollout's cache length). Activations ignored.
     """
     tensor = mesh.shape["tensor"]
     w = matmul_params(cfg) * _itemsize(cfg.weight_dtype) / tensor
@@ -416,8 +465,8 @@ def hbm_traffic(cfg, mesh, shape: Shape, program: str, state_bytes: int) -> floa
     kv_bytes = (
         2
         * cfg.num_layers
-        * shape.rollouts
-        * shape.seq
+        * sampler_batch(mesh, shape)
+        * shape.cache
         * cfg.num_kv_heads
         * cfg.head_dim
         * _itemsize(cfg.compute_dtype)
@@ -485,8 +534,9 @@ def plan(
     mesh_shape = resolve_mesh_shape(config.mesh.shape, topo.chips)
     mesh = models.make_mesh(mesh_shape, devices[: topo.chips])
     cfg = model_config(config, extra_vocab)
-    attention, compiled_as = planned_attention(cfg, shape.seq)
-    cfg = cfg.replace(attention=compiled_as)
+    kinds = planned_attention(cfg, shape.seq, shape.cache)
+    cfg = cfg.replace(attention=kinds.compiled)
+    sampler_cfg = cfg.replace(attention=kinds.sampler)
     if shape.prompts % shape.grad_accum:
         raise ValueError(f"prompts={shape.prompts} not divisible by grad_accum={shape.grad_accum}")
 
@@ -496,7 +546,9 @@ def plan(
     opt_bytes = device_bytes(state.opt_state)
     for prog in ("decode", "prefill"):
         if prog in programs:
-            compiled.append(compile_sampler(cfg, mesh, shape, prog, state.params, opt_bytes))
+            compiled.append(
+                compile_sampler(sampler_cfg, mesh, shape, prog, state.params, opt_bytes)
+            )
 
     rows = []
     base = {
@@ -508,12 +560,15 @@ def plan(
         "hosts": topo.hosts,
         "mesh": "x".join(map(str, mesh_shape)),
         "remat": cfg.remat,
-        "attention": attention,
-        "attention_compiled": compiled_as,
+        "attention": kinds.train,
+        "attention_compiled": kinds.compiled,
+        "sampler_attention": kinds.sampler,
         "P": shape.prompts,
         "G": shape.group,
         "T": shape.seq,
         "grad_accum": shape.grad_accum,
+        "sampler_rows": sampler_batch(mesh, shape),
+        "cache": shape.cache,
         "hbm_gib": topo.chip.hbm_bytes / GiB,
         "state_gib": state_bytes / GiB,
     }
@@ -521,9 +576,9 @@ def plan(
         mem = memory(c.compiled)
         total = mem["peak"] + c.resident_bytes
         if c.program == "train":
-            flops = train_flops(cfg, shape)
+            flops = train_flops(cfg, shape, kinds.train)
         else:
-            f = sampler_flops(cfg, shape, c.program)
+            f = sampler_flops(cfg, mesh, shape, c.program)
             flops = (f, f)
         traffic = hbm_traffic(cfg, mesh, shape, c.program, state_bytes)
         proj = project(flops, traffic, topo, assume)
@@ -599,14 +654,14 @@ def describe(rows: Sequence[dict[str, Any]], assume: Assumptions) -> str:
                 if r["attention_compiled"] != r["attention"]
                 else ""
             )
-            + "; the sampler's prefill/decode attend with "
-            + ("dense" if r["attention_compiled"] == "dense" else "flash"),
+            + f"; the sampler's prefill/decode attend with {r['sampler_attention']} over "
+            f"{r['sampler_rows']} rows x {r['cache']} cache slots",
             "memory: per device, from XLA:CPU buffer assignment (peak = args + outputs - donated "
             "+ temp); rollout programs add 'resident' = the optimizer moments that stay on device",
             f"fits: total <= {assume.headroom:.0%} of HBM. time: max(hw FLOPs / (chips x peak x "
             f"{assume.efficiency:.0%}), HBM bytes / bandwidth); ICI collectives not modelled",
             "train FLOPs: 6*N*tokens + 12*L*H*D*T*tokens (+ remat recompute in hw); decode: "
-            "per token step of all P*G rows; prefill: one chunk of all rows",
+            "per token step of all num_prompts*G rows; prefill: one chunk of all rows",
         ]
     )
 
@@ -653,9 +708,14 @@ def _define_flags():
 
     config = config_flags.DEFINE_config_file("config", "configs/qwen7b.py", "Experiment config.")
     flags.DEFINE_string("topology", "v5p-16", "TPU slice, e.g. v5p-16 (cores), v6e-16 (chips).")
-    flags.DEFINE_integer("prompts", None, "P: prompts per step (default: rl.num_prompts).")
+    flags.DEFINE_integer(
+        "prompts", None, "P: prompts per train step (default: rl.num_prompts / rl.minibatches)."
+    )
+    flags.DEFINE_integer(
+        "minibatches", None, "Train steps per rollout batch: sampler rows = P x this x G."
+    )
     flags.DEFINE_integer("group", None, "G: rollouts per prompt (default: rl.group_size).")
-    flags.DEFINE_integer("seq", None, "T: tokens per trajectory = cache length (rl.max_len).")
+    flags.DEFINE_integer("seq", None, "T: tokens per trajectory (rl.max_len).")
     flags.DEFINE_integer("grad_accum", None, "Train-step microbatches (rl.optim.grad_accum).")
     flags.DEFINE_integer("prefill_chunk", None, "Prefill chunk length (Buckets.chunk_max).")
     flags.DEFINE_list("programs", ["train", "decode", "prefill"], f"Subset of {PROGRAMS}.")
@@ -678,6 +738,7 @@ def main(argv: Sequence[str]) -> int:
     shape = shape_from_config(
         config,
         prompts=f.prompts,
+        minibatches=f.minibatches,
         group=f.group,
         seq=f.seq,
         grad_accum=f.grad_accum,
