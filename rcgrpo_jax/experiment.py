@@ -27,7 +27,7 @@ import numpy as np
 
 from rcgrpo_jax import runtime
 from rcgrpo_jax.train import plots
-from rcgrpo_jax.train.metrics import read_jsonl
+from rcgrpo_jax.train.metrics import read_jsonl, write_atomic
 
 RL_ARMS = (  # (name, stage-1 run, RL algorithm)
     ("sft_grpo", "sft", "grpo"),
@@ -77,7 +77,7 @@ def _base_success(config: ml_collections.ConfigDict) -> float:
     model = runtime.model_from_config(c, mesh)
     entries = runtime.task_entries(c, "test")[: int(c.eval.max_entries) or None]
     rate = success_rate(c, model, tokenizer, mesh, entries, None)
-    done.write_text(json.dumps({"heldout_success": rate}) + "\n")
+    write_atomic(done, json.dumps({"heldout_success": rate}) + "\n")  # "done" marks the arm
     return rate
 
 
@@ -169,7 +169,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     }
     table = format_table(summary)
     summary["table"] = table
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (workdir / "table.txt").write_text(table + "\n")
+    write_atomic(workdir / "summary.json", json.dumps(summary, indent=1) + "\n")
+    write_atomic(workdir / "table.txt", table + "\n")
     print(table)
     return summary
