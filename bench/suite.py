@@ -728,7 +728,7 @@ def main(argv=None) -> int:
     load_end = os.getloadavg()
     print(
         f"\n# wall {wall:.0f} s; load average {load_start[0]:.2f} at start, {load_end[0]:.2f} at "
-        f"end; jax uses every core, {torch_desc}"
+        f"end; jax on {jax_threads} threads, {torch_desc}"
     )
     checks.update(wall_s=wall, load=[load_start[0], load_end[0]])
     if args.json:
