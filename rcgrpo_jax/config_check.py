@@ -279,6 +279,13 @@ def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
                 "rl.minibatches", c.rl.minibatches,
                 f"a divisor of rl.num_prompts={c.rl.num_prompts} (whole groups per update)",
             )  # fmt: skip
+        per_update = c.rl.num_prompts // c.rl.minibatches
+        if c.rl.num_prompts % c.rl.minibatches == 0 and per_update % c.rl.optim.grad_accum:
+            yield _fail(
+                "rl.optim.grad_accum", c.rl.optim.grad_accum,
+                f"a divisor of rl.num_prompts / rl.minibatches = {per_update} (whole groups "
+                "per microbatch)",
+            )  # fmt: skip
         if c.rl.max_new_tokens >= c.rl.max_len:
             yield _fail("rl.max_new_tokens", c.rl.max_new_tokens, f"< rl.max_len={c.rl.max_len}")
     if c.rctp.max_tokens and c.rctp.max_tokens > c.train.seq_len:
