@@ -15,11 +15,19 @@ def get_config():
     c.model.param_dtype = "float32"
     c.model.remat = "full"
     # FSDP x 2-way tensor: the sampler's decode at 64 x 16384 holds every layer's gathered weights,
-    # halved by the tensor axis (v5p-16: 73 GiB/chip instead of 87 of 95); v5e-32 -> (1, 16, 2).
+    # halved by the tensor axis (v5p-16: 74 GiB/chip instead of 87 of 95). v5e-32 (16 GiB/chip)
+    # does not fit the train step at T = 16384 on either mesh: (1, 16, 2), nor (1, 8, 4) with
+    # grad_accum 8 (planned).
     c.mesh.shape = (1, -1, 2)
     # auto = Pallas splash attention on a TPU (flash on CPU beyond 1k tokens): memory O(T * block)
     c.model.attention = "auto"
     # RL at rl.max_len = 16384: 4 microbatches of 2 groups (16 rows), 4 rows per FSDP
     # shard on v5p-16 (`python -m rcgrpo_jax.tools.plan --config=configs/llama8b.py` fits).
     c.rl.optim.grad_accum = 4
+    # Stage 1 packs whole trajectories into 16384-token rows: with Qwen's tokenizer 66% of BFCL's
+    # golden trajectories pass 4096 tokens, 9% 8192 and 5% (long_context) 16384; those last are
+    # dropped (data_report.json counts them as too_long). A step of 8 such rows ~ the planner's
+    # `--prompts=1 --group=8 --grad_accum=1 --programs=train`: 47 GiB/chip on v5p-16.
+    c.train.seq_len = 16384
+    c.rctp.max_tokens = 16384
     return c

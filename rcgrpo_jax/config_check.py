@@ -288,6 +288,11 @@ def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
             )  # fmt: skip
         if c.rl.max_new_tokens >= c.rl.max_len:
             yield _fail("rl.max_new_tokens", c.rl.max_new_tokens, f"< rl.max_len={c.rl.max_len}")
+    if c.stage in ("sft", "rctp", "all") and c.train.batch_size % c.train.optim.grad_accum:
+        yield _fail(
+            "train.optim.grad_accum", c.train.optim.grad_accum,
+            f"a divisor of train.batch_size={c.train.batch_size}",
+        )  # fmt: skip
     if c.rctp.max_tokens and c.rctp.max_tokens > c.train.seq_len:
         yield _fail(
             "rctp.max_tokens", c.rctp.max_tokens,

@@ -158,9 +158,11 @@ def model_episodes(
 def _model_rollouts(
     config: Any, entries: Sequence[bfcl.Entry], model: tuple[Any, Any], tokenizer: Any, mesh: Any
 ) -> list[Any]:
-    """`rl.rollout.Rollouts` of `entries`, `eval.batch_size` (0 = all) entries at a time."""
+    """`rl.rollout.Rollouts` of `entries`, `eval.batch_size` (0 = all) entries at a time.
+    Entries whose prompt alone does not fit `eval.max_len` are left out (said once)."""
     import numpy as np
 
+    from rcgrpo_jax import runtime
     from rcgrpo_jax.rl.advantages import NONE
     from rcgrpo_jax.rl.rollout import RolloutSettings, collect
 
@@ -173,6 +175,10 @@ def _model_rollouts(
         temperature=float(_cfg(config, "eval.temperature", 0.0)),
         max_steps_per_turn=int(_cfg(config, "env.max_steps_per_turn", bfcl.MAX_STEPS_PER_TURN)),
     )
+    entries = runtime.fitting_entries(
+        entries, tokenizer, settings.chat_format, settings.max_len,
+        "evaluation entries for eval.max_len",
+    )  # fmt: skip
     size = int(_cfg(config, "eval.batch_size", 0)) or len(entries)
     out = []
     for i in range(0, len(entries), size):

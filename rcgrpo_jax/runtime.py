@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
+import weakref
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import ml_collections
 
@@ -141,3 +145,49 @@ def task_entries(config: ml_collections.ConfigDict, split: str) -> list:
         difficulty = {k: tuple(v) if isinstance(v, list) else v for k, v in s.difficulty.items()}
         return synthetic.make_tasks(split, int(n), seed=int(s.seed), **difficulty)
     raise UserError(f"env.benchmark={config.env.benchmark!r}; expected 'bfcl' or 'synthetic'")
+
+
+# The sampler keeps 2 slots of headroom and a row needs room for at least one sampled token.
+PROMPT_HEADROOM = 3
+_PROMPT_LENGTHS: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
+_SAID: set[str] = set()
+
+
+def prompt_length(tokenizer: Any, entry: Any, chat_format: str) -> int:
+    """Tokens of `entry`'s first prompt (system prompt with a reward token, tools, first user
+    turn, generation prompt): what a rollout starts from. Memoised per tokenizer."""
+    from rcgrpo_jax.envs import prompts
+    from rcgrpo_jax.envs.episode import Episode
+
+    cache = _PROMPT_LENGTHS.setdefault(tokenizer, {})
+    key = (len(tokenizer), chat_format, entry.category, entry.id)
+    if key not in cache:
+        # the high token stands for either token (both render alike); without the token in the
+        # vocabulary it is spelled in pieces, so this never undercounts a conditioned prompt
+        episode = Episode(entry, chat_format, reward_token=1)
+        cache[key] = len(prompts.prompt_ids(tokenizer, episode.messages, episode.tools))
+    return cache[key]
+
+
+def fitting_entries(
+    entries: Sequence[Any], tokenizer: Any, chat_format: str, max_len: int, what: str
+) -> list[Any]:
+    """The entries whose first prompt leaves room to sample within `max_len` tokens (prompt +
+    PROMPT_HEADROOM <= max_len); the others are left out, and that is said once per process and
+    message on stderr. `what` names the pool and its limit, e.g. "training entries for
+    rl.max_len". A trajectory that outgrows `max_len` later is truncated by the rollout."""
+    room = max_len - PROMPT_HEADROOM
+    kept = [e for e in entries if prompt_length(tokenizer, e, chat_format) <= room]
+    dropped = len(entries) - len(kept)
+    if dropped:
+        longest = max(prompt_length(tokenizer, e, chat_format) for e in entries)
+        note = (
+            f"note: {dropped} of {len(entries)} {what}={max_len} left out: their prompts are "
+            f"longer than {room} tokens (longest {longest})"
+        )
+        if note not in _SAID:
+            _SAID.add(note)
+            print(note, file=sys.stderr, flush=True)
+    if entries and not kept:
+        raise UserError(f"no {what}={max_len}: every prompt is longer; raise it")
+    return kept

@@ -74,6 +74,7 @@ BAD = [
     ("model.arch.num_kv_heads=3", "model.arch.num_kv_heads"),
     ("env.call_timeout_s=-1.0", "env.call_timeout_s"),
     ("rl.optim.grad_accum=3", "rl.optim.grad_accum"),
+    ("train.optim.grad_accum=3", "train.optim.grad_accum"),
 ]
 BAD[2] = ("env.categories=('multi_turn_nope',)", "env.categories")
 

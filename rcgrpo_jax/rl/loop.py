@@ -114,7 +114,10 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     tokenizer = runtime.tokenizer_from_config(config, rl.init_from)
     cfg, params = runtime.model_from_config(config, mesh, hf_path=rl.init_from)
     cfg, params, _ = runtime.ensure_reward_tokens(cfg, params, tokenizer, mesh)
-    train_pool = runtime.task_entries(config, "train")
+    train_pool = runtime.fitting_entries(
+        runtime.task_entries(config, "train"), tokenizer, config.model.chat_format,
+        int(rl.max_len), "training entries for rl.max_len",
+    )  # fmt: skip
     test_pool = runtime.task_entries(config, "test")
     if config.eval.max_entries:
         test_pool = test_pool[: int(config.eval.max_entries)]

@@ -81,6 +81,16 @@ def bucket_length(n: int, buckets: Sequence[int]) -> int:
     )
 
 
+class ExampleTooLongError(ValueError):
+    """An example longer than the row it should be packed into (examples are never split)."""
+
+    def __init__(self, index: int, length: int, row_len: int) -> None:
+        super().__init__(
+            f"example {index} has {length} tokens > row length {row_len}; examples are never split"
+        )
+        self.index, self.length, self.row_len = index, length, row_len
+
+
 def pack_examples(
     examples: Sequence[Mapping[str, Any]],
     row_len: int,
@@ -91,15 +101,14 @@ def pack_examples(
 
     examples: dicts with `tokens` and `loss_mask` (1-D, same length). Returns numpy
     tokens/loss_mask/segments/positions [R, row_len] plus `example_row`/`example_segment` [N]
-    telling where each input went. Examples are never split; one longer than `row_len` raises.
+    telling where each input went. Examples are never split; one longer than `row_len` raises
+    `ExampleTooLongError`.
     Deterministic: the same input order gives the same rows.
     """
     lengths = [len(e["tokens"]) for e in examples]
     for i, n in enumerate(lengths):
         if n > row_len:
-            raise ValueError(
-                f"example {i} has {n} tokens > row length {row_len}; examples are never split"
-            )
+            raise ExampleTooLongError(i, n, row_len)
         if n == 0:
             raise ValueError(f"example {i} is empty")
     free: list[int] = []  # remaining room per row

@@ -24,7 +24,7 @@ from rcgrpo_jax.eval import success_rate
 from rcgrpo_jax.rl.advantages import HIGH, LOW
 from rcgrpo_jax.train.checkpoint import Checkpointer
 from rcgrpo_jax.train.loop import restore_or_init, train_loop
-from rcgrpo_jax.train.losses import make_sft_loss
+from rcgrpo_jax.train.losses import ExampleTooLongError, make_sft_loss
 from rcgrpo_jax.train.metrics import MetricsWriter, flops_per_token
 from rcgrpo_jax.train.optim import OptimConfig, make_optimizer, make_schedule
 from rcgrpo_jax.train.state import (
@@ -77,6 +77,18 @@ def dataset(config, tokenizer, workdir: Path, rctp: bool, policy=None) -> tuple[
     return report["dataset_dir"], report
 
 
+def too_long_message(config: ml_collections.ConfigDict, length: int, workdir: Path) -> str:
+    """The one-line error for a stored stage-1 example longer than a packed row."""
+    seq_len, max_tokens = int(config.train.seq_len), int(config.rctp.max_tokens)
+    now = "0 = no limit" if max_tokens <= 0 else str(max_tokens)
+    return (
+        f"a stage-1 example has {length} tokens > train.seq_len={seq_len} (examples are packed, "
+        f"never split): raise train.seq_len, or set rctp.max_tokens (now {now}) <= {seq_len} "
+        f"to drop longer trajectories (the data is built once per workdir: remove "
+        f"{workdir / 'data_report.json'} to rebuild it)"
+    )
+
+
 def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     stage = config.stage
     if stage not in ("sft", "rctp"):
@@ -108,11 +120,14 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         grad_accum=optim_cfg.grad_accum, schedule=make_schedule(optim_cfg),
     )  # fmt: skip
     source = store.load_split(dataset_dir, "train")
-    loader = train_loader(
-        source, batch_size=int(train.batch_size) // jax.process_count(),
-        row_len=int(train.seq_len), seed=int(config.seed),
-        shard_index=jax.process_index(), shard_count=jax.process_count(),
-    )  # fmt: skip
+    try:
+        loader = train_loader(
+            source, batch_size=int(train.batch_size) // jax.process_count(),
+            row_len=int(train.seq_len), seed=int(config.seed),
+            shard_index=jax.process_index(), shard_count=jax.process_count(),
+        )  # fmt: skip
+    except ExampleTooLongError as e:
+        raise runtime.UserError(too_long_message(config, e.length, workdir)) from None
     data_iter = iter(loader)
     ckpt = Checkpointer(
         workdir / "checkpoints",

@@ -1,0 +1,455 @@
+"""The real BFCL path end to end on the CPU, at the 7B/8B configs' full lengths (issue 17).
+
+Tiny random Qwen2- and LLaMA-architecture checkpoints are saved with the real tokenizers
+(vocabulary 151,665 / 128,256, `../shared/tokenizers`; skipped without them), then run through
+`python -m rcgrpo_jax.main --config=configs/qwen7b.py` (stage `all`: base, SFT, RCTP and the three
+RL arms, one RL iteration each) and `--config=configs/llama8b.py` (stage `rcgrpo` from the random
+checkpoint, then stage `eval` of its export, both on 2 CPU devices for its tensor-parallel mesh;
+Qwen runs on one). The overrides (`SIZE_AND_STEPS`) change sizes, step
+counts and entry counts only: every length (`rl.max_len`, `eval.max_len`, `train.seq_len`,
+`rctp.max_tokens`) stays at the config's default, so the SFT rows and the fused RL step run at
+16,384 tokens. Each run is a child process; its peak RSS (`os.wait4`) is printed and bounded.
+
+Cost: the fused step's head over a 152k vocabulary at 2 x 16,384 positions dominates (~15-30 s a
+step on 2 cores), so LLaMA takes the shorter path; Qwen through `all` is ~2.5 min, LLaMA ~1 min.
+
+The official checker `eval`s call strings: it is handed only stored stage-1 trajectories (ground
+truth and its perturbations) and model trajectories without calls; model text with calls is
+scored against our reward (equal to the checker by tests/test_bfcl_reward.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO, mask_runs
+
+from rcgrpo_jax.envs import bfcl, prompts
+from rcgrpo_jax.envs.calls import extract_calls
+
+CATEGORY = "multi_turn_base"
+# Sizes, step counts and entry counts only; no length is overridden.
+SIZE_AND_STEPS = (
+    "--config.model.dtype=float32",  # bf16 compute is slower on this CPU
+    f"--config.env.categories=('{CATEGORY}',)",  # 180 training entries (of 720)
+    f"--config.eval.categories=('{CATEGORY}',)",
+    "--config.eval.max_entries=1",
+    "--config.rctp.eval_entries=1",
+    "--config.train.steps=1",
+    "--config.train.batch_size=1",
+    "--config.rl.steps=1",
+    "--config.rl.num_prompts=1",
+    "--config.rl.group_size=2",
+    "--config.rl.optim.grad_accum=1",  # must divide rl.num_prompts (whole groups)
+    "--config.rl.max_new_tokens=16",
+    "--config.eval.max_new_tokens=16",
+    "--config.env.max_steps_per_turn=1",
+)
+LENGTH_KEYS = ("rl.max_len", "eval.max_len", "train.seq_len", "rctp.max_tokens")
+FULL_LENGTH = 16384
+PEAK_RSS_LIMIT = 12 * 2**30  # the runs must fit a 24 GB machine with room to spare
+TIMEOUT_S = 900
+ARMS = ("sft_grpo", "rctp_rcgrpo", "rctp_grpo")
+EOT = {"qwen": "<|im_end|>", "llama": "<|eot_id|>"}
+# Embedding rows of the released checkpoints: Qwen2.5-7B pads its 151,665 tokens to 152,064 (the
+# reward tokens take padded rows), LLaMA-3.1-8B has exactly its 128,256 (they grow the table).
+VOCAB_ROWS = {"qwen2": 152064, "llama": 128256}
+TOKENIZER_VOCAB = {"qwen2": 151665, "llama": 128256}
+HEADER = {  # what precedes an assistant message
+    "qwen": "<|im_start|>assistant\n",
+    "llama": "<|start_header_id|>assistant<|end_header_id|>\n\n",
+}
+
+
+def make_checkpoint(kind: str, tokenizer_dir: Path, out: Path) -> None:
+    """A random 2-layer, 32-wide model of the released architecture and embedding rows, saved
+    with the real tokenizer (as a released checkpoint directory holds both)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    torch.manual_seed(0)
+    common = dict(
+        vocab_size=VOCAB_ROWS[kind], hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    if kind == "qwen2":  # Qwen2.5-7B-Instruct: q/k/v biases, untied head
+        cfg = Qwen2Config(rope_theta=1e6, bos_token_id=151643, eos_token_id=151645, **common)
+    else:  # Llama-3.1-8B-Instruct: llama3 rope scaling
+        cfg = LlamaConfig(
+            rope_theta=5e5, bos_token_id=128000, eos_token_id=[128001, 128008, 128009],
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+            **common,
+        )  # fmt: skip
+    assert len(tok) == TOKENIZER_VOCAB[kind]
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+
+
+def run_main(args: list[str], log: Path, devices: int = 1) -> dict:
+    """`python -m rcgrpo_jax.main ARGS` in a child with `devices` CPU devices; exit code, wall
+    seconds, peak RSS of the child (bytes, from wait4) and its output."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    # the RL arms compile the same step: a cache shared within this test's runs only
+    env["JAX_COMPILATION_CACHE_DIR"] = str(log.parent / "jax_cache")
+    t0 = time.perf_counter()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rcgrpo_jax.main", *args],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        timer = threading.Timer(TIMEOUT_S, proc.kill)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here; Popen must not wait
+    text = log.read_text()
+    return {
+        "rc": proc.returncode,
+        "seconds": time.perf_counter() - t0,
+        "peak_rss": usage.ru_maxrss * 1024,  # Linux: KiB
+        "output": text,
+    }
+
+
+def _check_run(r: dict, what: str) -> None:
+    tail = "\n".join(r["output"].replace("\r", "\n").splitlines()[-25:])
+    assert r["rc"] == 0, f"{what} exited {r['rc']}:\n{tail}"
+
+
+@pytest.fixture(scope="module")
+def qwen_model(tokenizer_root, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("e2e_qwen") / "model"
+    make_checkpoint("qwen2", tokenizer_root / "qwen2.5", out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def qwen_run(qwen_model):
+    root = qwen_model.parent
+    work = root / "run"
+    args = ["--config=configs/qwen7b.py", f"--config.model.hf_path={qwen_model}",
+            f"--config.workdir={work}", *SIZE_AND_STEPS]  # fmt: skip
+    r = run_main(args, root / "main.log")  # one device: the FSDP axis has size 1
+    _check_run(r, "qwen7b stage all")
+    return {**r, "work": work, "model": qwen_model, "fmt": "qwen"}
+
+
+@pytest.fixture(scope="module")
+def llama_run(tokenizer_root, tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e_llama")
+    make_checkpoint("llama", tokenizer_root / "llama3.1", root / "model")
+    work = root / "run"
+    common = ["--config=configs/llama8b.py", *SIZE_AND_STEPS]
+    # two devices for the config's mesh (1, -1, 2): weights and heads split over the tensor axis
+    rl = run_main(
+        [*common, "--config.stage=rcgrpo", f"--config.model.hf_path={root / 'model'}",
+         f"--config.workdir={work}"],
+        root / "rcgrpo.log", devices=2,
+    )  # fmt: skip
+    _check_run(rl, "llama8b stage rcgrpo")
+    ev = run_main(
+        [*common, "--config.stage=eval", f"--config.model.hf_path={work / 'export'}",
+         f"--config.workdir={root / 'eval'}", "--config.eval.reward_token=1"],
+        root / "eval.log", devices=2,
+    )  # fmt: skip
+    _check_run(ev, "llama8b stage eval")
+    return {
+        "rl": rl, "eval": ev, "work": work, "eval_dir": root / "eval" / "eval" / "test-model",
+        "model": root / "model", "fmt": "llama",
+    }  # fmt: skip
+
+
+def _report(capsys, line: str) -> None:
+    with capsys.disabled():
+        print(f"\n[e2e] {line}", flush=True)
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:.2f} GiB"
+
+
+def test_configs_keep_full_lengths():
+    """What the e2e runs rely on: the 7B/8B configs' lengths, none of them overridden."""
+    import importlib.util
+
+    for name in ("qwen7b", "llama8b"):
+        spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        c = module.get_config()
+        for key in LENGTH_KEYS:
+            section, leaf = key.split(".")
+            assert c[section][leaf] == FULL_LENGTH, (name, key)
+    assert not any(k in arg for arg in SIZE_AND_STEPS for k in LENGTH_KEYS)
+
+
+# ------------------------------------------------------------------------------ Qwen: stage all
+
+
+def test_qwen7b_all_runs_at_full_length(qwen_run, capsys):
+    _report(
+        capsys,
+        f"qwen7b stage all (tiny random Qwen2, real tokenizer, lengths {FULL_LENGTH}): "
+        f"{qwen_run['seconds']:.0f} s, peak RSS {_gib(qwen_run['peak_rss'])}",
+    )
+    assert qwen_run["peak_rss"] < PEAK_RSS_LIMIT
+    work = qwen_run["work"]
+    summary = json.loads((work / "summary.json").read_text())
+    assert set(summary["arms"]) == {"base", "sft", "rctp", *ARMS}
+    assert summary["rl_iterations"] == 1 and summary["rollouts_per_iteration"] == 2
+    assert "Traceback" not in qwen_run["output"]
+    for arm in ARMS:
+        assert (work / arm / "export" / "config.json").is_file()
+
+
+def _entries() -> dict[str, bfcl.Entry]:
+    return {e.id: e for e in bfcl.load_entries(CATEGORY)}
+
+
+def _records(stage_dir: Path) -> list[dict]:
+    from rcgrpo_jax.data import store
+
+    report = json.loads((stage_dir / "data_report.json").read_text())
+    src = store.load_split(report["dataset_dir"], "train")
+    return [src[i] for i in range(len(src))]
+
+
+_counter = itertools.count()
+
+
+def official_valid(entry: bfcl.Entry, decoded) -> bool:
+    """bfcl-eval's own multi_turn_checker verdict (fresh instance-cache key per call)."""
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker, multi_turn_utils
+
+    if len(decoded) != len(entry.ground_truth):
+        return False  # eval_runner's force-terminated check
+    name = f"rcgrpo_e2e_{next(_counter)}"
+    out = multi_turn_checker.multi_turn_checker(
+        copy.deepcopy(decoded), entry.ground_truth, entry.bfcl_dict(), entry.category, name
+    )
+    for key in [k for k in vars(multi_turn_utils) if k.startswith(name + "_")]:
+        del vars(multi_turn_utils)[key]
+    return bool(out["valid"])
+
+
+def test_stage1_labels_are_the_checkers_verdicts(qwen_run):
+    """Every stored SFT/RCTP trajectory's label is bfcl-eval's checker on its decoded calls."""
+    entries = _entries()
+    for stage in ("sft", "rctp"):
+        recs = _records(qwen_run["work"] / stage)
+        labels = [r["label"] for r in recs]
+        assert set(labels) == ({1} if stage == "sft" else {0, 1})
+        for rec in recs:
+            meta = json.loads(rec["meta"])
+            assert official_valid(entries[rec["entry_id"]], meta["decoded"]) == bool(rec["label"])
+            assert meta["reward"] == float(rec["label"])
+
+
+def test_stage1_masks_cover_assistant_tokens_only(qwen_run):
+    """Loss mask = the assistant messages exactly: each masked run follows an assistant header
+    and ends with the end-of-turn token, every assistant header starts one, and the masked
+    text holds exactly the stored decoded calls."""
+    from transformers import AutoTokenizer
+
+    fmt = qwen_run["fmt"]
+    for stage in ("sft", "rctp"):
+        tok = AutoTokenizer.from_pretrained(str(qwen_run["work"] / stage / "export"))
+        header = tok.encode(HEADER[fmt], add_special_tokens=False)
+        eot = tok.convert_tokens_to_ids(EOT[fmt])
+        recs = _records(qwen_run["work"] / stage)
+        for rec in recs[:: max(1, len(recs) // 60)]:  # ~60 records of each stage
+            ids, mask = np.asarray(rec["tokens"]), np.asarray(rec["loss_mask"])
+            runs = mask_runs(mask)
+            starts = [i for i in np.flatnonzero(ids == header[0]) if
+                      ids[i : i + len(header)].tolist() == header]  # fmt: skip
+            assert [s + len(header) for s in starts] == [a for a, _ in runs]
+            assert all(ids[b - 1] == eot for _, b in runs)
+            texts = [tok.decode(ids[a : b - 1].tolist()) for a, b in runs]
+            steps = [c for c in (extract_calls(t, fmt) for t in texts) if c]
+            decoded = json.loads(rec["meta"])["decoded"]
+            assert steps == [step for turn in decoded for step in turn]
+
+
+def test_reward_tokens_are_in_the_vocabulary(qwen_run):
+    """RCTP records start their system prompt with their label's reward token (one token,
+    unmasked, an embedding row of the exported model); SFT records hold none."""
+    from transformers import AutoTokenizer
+
+    work = qwen_run["work"]
+    tok = AutoTokenizer.from_pretrained(str(work / "rctp" / "export"))
+    ids = {r: tok.convert_tokens_to_ids(t) for r, t in prompts.REWARD_TOKENS.items()}
+    assert json.loads((work / "rctp" / "data_report.json").read_text())["reward_tokens"] == {
+        str(k): v for k, v in ids.items()
+    }
+    base_vocab = len(AutoTokenizer.from_pretrained(str(qwen_run["model"])))
+    assert sorted(ids.values()) == [base_vocab, base_vocab + 1]  # after the real vocabulary
+    for name, token in prompts.REWARD_TOKENS.items():
+        assert tok.encode(token, add_special_tokens=False) == [ids[name]]
+    for arm in ("rctp", *ARMS):
+        vocab = json.loads((work / arm / "export" / "config.json").read_text())["vocab_size"]
+        assert vocab == VOCAB_ROWS["qwen2"]  # the tokens took padded rows: no table growth
+        added = json.loads((work / arm / "export" / "tokenizer.json").read_text())["added_tokens"]
+        added = {t["content"]: t["id"] for t in added}
+        assert {r: added[t] for r, t in prompts.REWARD_TOKENS.items()} == ids  # the same ids
+    for rec in _records(work / "rctp"):
+        tokens = list(rec["tokens"])
+        assert rec["reward_token"] == ids[rec["label"]]
+        at = tokens.index(rec["reward_token"])
+        assert sum(t in ids.values() for t in tokens) == 1 and rec["loss_mask"][at] == 0
+        assert tok.decode(tokens[:at]) == "<|im_start|>system\n"
+    for rec in _records(work / "sft"):
+        assert rec["reward_token"] == -1 and not set(ids.values()) & set(rec["tokens"])
+
+
+def test_rl_arms_log_their_rollouts(qwen_run):
+    """One iteration per arm: G=2 rollouts of one training prompt, conditioned on both reward
+    tokens for RC-GRPO and on none for GRPO, scored (no environment failure), the metrics agreeing
+    with the log."""
+    from rcgrpo_jax.envs.split import split_ids
+
+    train = set(split_ids("train", CATEGORY))
+    for arm in ARMS:
+        (row,) = [json.loads(x) for x in (qwen_run["work"] / arm / "rollouts.jsonl").open()]
+        (metrics,) = [json.loads(x) for x in (qwen_run["work"] / arm / "metrics.jsonl").open()]
+        assert row["iteration"] == 1 and set(row["entry_ids"]) <= train
+        tokens = sorted(row["reward_token"][0])
+        assert tokens == ([0, 1] if arm == "rctp_rcgrpo" else [-1, -1])
+        rewards = np.asarray(row["rewards"])
+        assert rewards.shape == (1, 2) and set(rewards.ravel()) <= {0.0, 1.0}
+        assert row["env_errors"] == [[None, None]] and metrics["env_errors"] == 0
+        assert metrics["reward_mean"] == pytest.approx(rewards.mean())
+        assert metrics["sampled_tokens"] > 0 and np.isfinite(metrics["loss"])
+
+
+@pytest.mark.parametrize("which", ["qwen", "llama"])
+def test_exports_load_in_transformers(which, request):
+    """The final RL export loads in transformers and gives our logits, reward token included."""
+    import jax.numpy as jnp
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rcgrpo_jax import models
+
+    run = request.getfixturevalue(f"{which}_run")
+    export = run["work"] / ("rctp_rcgrpo" if which == "qwen" else "") / "export"
+    tok = AutoTokenizer.from_pretrained(str(export))
+    ids = tok.encode(prompts.REWARD_TOKENS[1] + " list the files", add_special_tokens=False)
+    assert ids[0] == tok.convert_tokens_to_ids(prompts.REWARD_TOKENS[1])
+    model = AutoModelForCausalLM.from_pretrained(str(export), torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits.numpy()
+    cfg, params = models.load_hf(str(export), dtype=jnp.float32)
+    ours = np.asarray(models.forward(cfg, params, jnp.asarray([ids], jnp.int32)))
+    assert ref.shape == ours.shape == (1, len(ids), cfg.vocab_size)
+    np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=1e-4)
+
+
+# --------------------------------------------------------------- LLaMA: stage rcgrpo, then eval
+
+
+def test_llama8b_rcgrpo_runs_at_full_length(llama_run, capsys):
+    rl, ev = llama_run["rl"], llama_run["eval"]
+    _report(
+        capsys,
+        f"llama8b stage rcgrpo (tiny random LLaMA, real tokenizer, rl.max_len {FULL_LENGTH}): "
+        f"{rl['seconds']:.0f} s, peak RSS {_gib(rl['peak_rss'])}; its export through stage eval: "
+        f"{ev['seconds']:.0f} s, peak RSS {_gib(ev['peak_rss'])}",
+    )
+    assert max(rl["peak_rss"], ev["peak_rss"]) < PEAK_RSS_LIMIT
+    (row,) = [json.loads(x) for x in (llama_run["work"] / "rollouts.jsonl").open()]
+    assert sorted(row["reward_token"][0]) == [0, 1] and row["env_errors"] == [[None, None]]
+    (metrics,) = [json.loads(x) for x in (llama_run["work"] / "metrics.jsonl").open()]
+    assert metrics["eval_success"] is not None and metrics["sampled_tokens"] > 0
+    # the reward tokens grew the embedding table past LLaMA's 128,256 rows (to a multiple of 128)
+    from transformers import AutoTokenizer
+
+    export = llama_run["work"] / "export"
+    tok = AutoTokenizer.from_pretrained(str(export))
+    ids = {t: tok.convert_tokens_to_ids(t) for t in prompts.REWARD_TOKENS.values()}
+    assert sorted(ids.values()) == [TOKENIZER_VOCAB["llama"], TOKENIZER_VOCAB["llama"] + 1]
+    assert all(tok.encode(t, add_special_tokens=False) == [i] for t, i in ids.items())
+    assert json.loads((export / "config.json").read_text())["vocab_size"] == 128384
+
+
+def test_llama8b_eval_rewards_are_the_checkers(llama_run):
+    """The model's held-out trajectory is scored as BFCL scores it: bfcl-eval's checker where
+    the model made no call (nothing of its text reaches `eval`), else our equal reward."""
+    entries = _entries()
+    recs = [json.loads(x) for x in (llama_run["eval_dir"] / "entries.jsonl").open()]
+    assert len(recs) == 1
+    for rec in recs:
+        entry = entries[rec["id"]]
+        ours = bfcl.trajectory_reward(entry, rec["decoded"])
+        assert (rec["reward"], rec["error_type"]) == (ours.reward, ours.error_type)
+        if not any(call for turn in rec["decoded"] for step in turn for call in step):
+            assert official_valid(entry, rec["decoded"]) == (rec["reward"] == 1.0)
+
+
+# ------------------------------------------------------------------- lengths the configs reject
+
+
+def test_prompts_longer_than_max_len_are_left_out_once(qwen_model, capsys):
+    """A prompt that leaves no room within eval.max_len / rl.max_len is dropped before any
+    rollout (said once on stderr), and the rest run instead of the rollout raising."""
+    import jax.numpy as jnp
+    from transformers import AutoTokenizer
+
+    from rcgrpo_jax import config as config_lib
+    from rcgrpo_jax import models, runtime
+    from rcgrpo_jax.eval import success_rate
+
+    tok = AutoTokenizer.from_pretrained(str(qwen_model))
+    entries = bfcl.split_entries("test", CATEGORY)[:3]
+    lengths = [runtime.prompt_length(tok, e, "qwen") for e in entries]
+    max_len = min(lengths) + runtime.PROMPT_HEADROOM
+    kept = [e for e, n in zip(entries, lengths, strict=True) if n == min(lengths)]
+    assert 0 < len(kept) < len(entries)
+    what = "evaluation entries for eval.max_len"
+    for _ in range(2):
+        assert runtime.fitting_entries(entries, tok, "qwen", max_len, what) == kept
+    err = capsys.readouterr().err
+    note = f"note: {len(entries) - len(kept)} of {len(entries)} {what}={max_len} left out"
+    assert err.count(note) == 1, err
+    with pytest.raises(runtime.UserError, match="every prompt is longer"):
+        runtime.fitting_entries(entries, tok, "qwen", min(lengths), what)
+
+    c = config_lib.base_config()
+    c.eval.max_len, c.eval.max_new_tokens, c.env.max_steps_per_turn = max_len, 1, 1
+    model = models.load_hf(str(qwen_model), dtype=jnp.float32)
+    assert success_rate(c, model, tok, None, entries, None) == 0.0  # ran the one that fits
+
+
+def test_too_long_stage1_example_is_a_one_line_error(qwen_run, tmp_path):
+    """Stage-1 data with trajectories longer than train.seq_len (rctp.max_tokens unset) stops
+    with one line naming both keys, not a traceback from the packer."""
+    work = tmp_path / "sft"
+    work.mkdir()
+    shutil.copy(qwen_run["work"] / "sft" / "data_report.json", work)  # reuses the stored data
+    r = run_main(
+        ["--config=configs/qwen7b.py", "--config.stage=sft",
+         f"--config.model.hf_path={qwen_run['model']}", f"--config.workdir={work}",
+         *SIZE_AND_STEPS, "--config.train.seq_len=4096", "--config.rctp.max_tokens=0"],
+        tmp_path / "sft.log",
+    )  # fmt: skip
+    lines = [ln for ln in r["output"].splitlines() if ln.strip()]
+    assert r["rc"] == 2, r["output"][-2000:]
+    assert lines[-1].startswith("error: a stage-1 example has "), lines[-3:]
+    assert "train.seq_len=4096" in lines[-1] and "rctp.max_tokens (now 0 = no limit)" in lines[-1]
+    assert "Traceback" not in r["output"]
