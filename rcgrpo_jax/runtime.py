@@ -169,6 +169,15 @@ def prompt_length(tokenizer: Any, entry: Any, chat_format: str) -> int:
     return cache[key]
 
 
+def _prompt_length_or_none(tokenizer: Any, entry: Any, chat_format: str) -> int | None:
+    """`prompt_length`, or None when the entry's environment fails to start (a broken
+    simulator or scenario): the run must not die of one environment."""
+    try:
+        return prompt_length(tokenizer, entry, chat_format)
+    except Exception:
+        return None
+
+
 def fitting_entries(
     entries: Sequence[Any], tokenizer: Any, chat_format: str, max_len: int, what: str
 ) -> list[Any]:
@@ -177,10 +186,12 @@ def fitting_entries(
     message on stderr. `what` names the pool and its limit, e.g. "training entries for
     rl.max_len". A trajectory that outgrows `max_len` later is truncated by the rollout."""
     room = max_len - PROMPT_HEADROOM
-    kept = [e for e in entries if prompt_length(tokenizer, e, chat_format) <= room]
+    lengths = [_prompt_length_or_none(tokenizer, e, chat_format) for e in entries]
+    # An entry whose prompt cannot be built stays in: the rollout's row guard records its error.
+    kept = [e for e, n in zip(entries, lengths, strict=True) if n is None or n <= room]
     dropped = len(entries) - len(kept)
     if dropped:
-        longest = max(prompt_length(tokenizer, e, chat_format) for e in entries)
+        longest = max(n for n in lengths if n is not None)
         note = (
             f"note: {dropped} of {len(entries)} {what}={max_len} left out: their prompts are "
             f"longer than {room} tokens (longest {longest})"
