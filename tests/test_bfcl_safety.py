@@ -87,11 +87,8 @@ def model_texts(fmt: str, marker: str) -> list[str]:
     return payloads + ["<|python_tag|>" + p for p in payloads]
 
 
-@contextmanager
-def spying():
-    """Spies on everything hostile text might reach; yields the list of hits. Install it only
-    around model-driven work: building simulators legitimately uses private methods."""
-    hits: list[str] = []
+def spy_factory(hits: list[str]):
+    """spy(name) -> a stand-in that records `name` in `hits` and fails the call."""
 
     def spy(name):
         def record(*args, **kwargs):
@@ -100,6 +97,15 @@ def spying():
 
         return record
 
+    return spy
+
+
+@contextmanager
+def spying():
+    """Spies on everything hostile text might reach; yields the list of hits. Install it only
+    around model-driven work: building simulators legitimately uses private methods."""
+    hits: list[str] = []
+    spy = spy_factory(hits)
     targets = [
         (os, "system"),
         (os, "popen"),

@@ -27,7 +27,7 @@ from collections import Counter
 from contextlib import contextmanager
 
 import pytest
-from test_bfcl_safety import spying
+from test_bfcl_safety import spy_factory, spying
 
 from rcgrpo_jax.envs import bfcl
 from rcgrpo_jax.envs.calls import CallError, extract_calls, parse_call
@@ -232,14 +232,7 @@ def more_spies():
     `__import__` is narrowed to modules not loaded yet: the parser looks `unicodedata` up to
     normalise non-ASCII identifiers (`ｌｓ`), which runs nothing."""
     hits: list[str] = []
-
-    def spy(name):
-        def record(*args, **kwargs):
-            hits.append(name)
-            raise AssertionError(f"{name} was called")
-
-        return record
-
+    spy = spy_factory(hits)
     with pytest.MonkeyPatch.context() as mp:
         for owner, attr in [(builtins, "exec"), (builtins, "eval"), (builtins, "input"),
                             (os, "execv"), (os, "fork"), (os, "kill")]:  # fmt: skip

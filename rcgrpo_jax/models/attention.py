@@ -399,6 +399,12 @@ def _live_range(live: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.min(jnp.where(live, idx, m), axis=1), jnp.max(jnp.where(live, idx + 1, 0), axis=1)
 
 
+def _key_block(keys_t, values, kv_seg, j, bk: int):
+    """Key block j of length bk: transposed keys [B, KV, D, bk], values, segments."""
+    at = lambda x, axis: jax.lax.dynamic_slice_in_dim(x, j * bk, bk, axis=axis)
+    return at(keys_t, 3), at(values, 2), at(kv_seg, 1)
+
+
 def flash(
     cfg: ModelConfig,
     q: jax.Array,
@@ -459,9 +465,7 @@ def _flash_fwd(q, keys_t, values, q_slot, q_seg, kv_seg, live, bq, bk):
 
         def update(j, carry):
             m, denom, acc = carry
-            kj = jax.lax.dynamic_slice_in_dim(keys_t, j * bk, bk, axis=3)
-            vj = jax.lax.dynamic_slice_in_dim(values, j * bk, bk, axis=2)
-            seg_j = jax.lax.dynamic_slice_in_dim(kv_seg, j * bk, bk, axis=1)
+            kj, vj, seg_j = _key_block(keys_t, values, kv_seg, j, bk)
             mask = segment_mask(slot_i, seg_i, seg_j, j * bk)
             s = _scores(qi, kj, mask, scale)
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
@@ -505,9 +509,7 @@ def _flash_bwd(bq, bk, res, dout):
     lo, hi = _live_range(live.T)
 
     def k_block(dq, j):
-        kj = jax.lax.dynamic_slice_in_dim(keys_t, j * bk, bk, axis=3)
-        vj = jax.lax.dynamic_slice_in_dim(values, j * bk, bk, axis=2)
-        seg_j = jax.lax.dynamic_slice_in_dim(kv_seg, j * bk, bk, axis=1)
+        kj, vj, seg_j = _key_block(keys_t, values, kv_seg, j, bk)
 
         def update(i, carry):
             dq, dk, dv = carry

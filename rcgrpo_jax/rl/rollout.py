@@ -284,7 +284,8 @@ def _pack(
     session, episodes, reward_tokens, truncated, settings, rollout_s, steps, owner, flat, errors
 ):
     p, g = reward_tokens.shape
-    longest = max(len(session.trajectory(r).tokens) for r in range(p * g))
+    trajs = [session.trajectory(r) for r in range(p * g)]  # copies: fetch each once
+    longest = max(len(traj.tokens) for traj in trajs)
     t = min(length_bucket(longest), settings.max_len)  # rows sized to their content
     tokens = np.zeros((p, g, t), np.int32)
     segments = np.zeros((p, g, t), np.int32)
@@ -292,9 +293,8 @@ def _pack(
     old = np.zeros((p, g, t), np.float32)
     rewards = np.zeros((p, g), np.float32)
     sampled_tokens = 0
-    for r in range(p * g):
+    for r, traj in enumerate(trajs):
         i, j = divmod(r, g)
-        traj = session.trajectory(r)
         n = len(traj.tokens)
         tokens[i, j, :n] = traj.tokens
         segments[i, j, :n] = 1
