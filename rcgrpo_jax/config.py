@@ -133,6 +133,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.rl.group_size = 8  # G
     c.rl.p_high = 0.5  # P_sample(<|high_reward|>) for RC-GRPO
     c.rl.stratified = True  # RC-GRPO: round(p_high*G) high tokens per group, both always present
+    # The token every GRPO prompt carries: "none" (a model trained without reward tokens), or
+    # "high" (a reward-conditioned model sampled and evaluated under <|high_reward|>: RCTP
+    # without RC-GRPO's mixed-token groups).
+    c.rl.grpo_token = "none"
     c.rl.max_new_tokens = 256  # per assistant step
     c.rl.max_len = 16384  # tokens per trajectory = the train step's T
     c.rl.temperature = 1.0

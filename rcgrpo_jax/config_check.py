@@ -242,6 +242,7 @@ RULES: dict[str, Rule] = {
     "rl.group_size": integer(1),
     "rl.p_high": number(0.0, 1.0),
     "rl.stratified": boolean,
+    "rl.grpo_token": choice(("none", "high")),
     "rl.max_new_tokens": integer(1),
     "rl.max_len": integer(2),
     "rl.temperature": number(0.0, lo_open=True),

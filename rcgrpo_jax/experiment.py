@@ -1,24 +1,27 @@
 """Stage `all`: the paper's comparison end to end, every arm through the same code.
 
-    base (untrained / as loaded) [─▶ warm start: SFT steps shared by both stage-1 arms]
-    SFT  ─▶ GRPO                      (the baseline that stalls: peaked policy, σ_g → 0)
-    RCTP ─▶ RC-GRPO                   (the method)
-    RCTP ─▶ GRPO                      (ablation: RCTP init without reward-conditioned sampling)
+    base (as loaded) [─▶ warm start: SFT steps shared by both stage-1 arms]
+    SFT  ─▶ GRPO       (the baseline that stalls: peaked policy, σ_g → 0)
+    SFT  ─▶ RC-GRPO    (conditioned sampling without RCTP: the model never learned the tokens)
+    RCTP ─▶ RC-GRPO    (the method)
+    RCTP ─▶ GRPO       (RCTP without conditioned sampling: every rollout and the evaluation under
+                        <|high_reward|>, so the groups get no injected variance)
 
-The warm start (`train.warm_start_steps` > 0) stands in for what the paper's arms share, an
-instruct model that already calls tools: a tiny model trained from scratch learns to copy names
-after a seed-dependent plateau, and two independent stage-1 runs would draw it independently.
+RCTP → GRPO samples under one fixed token rather than none: the RCTP model has only seen
+prompts that carry a token, so without one it is off its training distribution and the cell
+would measure that, not what RC-GRPO's mixed-token groups add.
 
-Each stage runs in its own sub-directory of the workdir (`warm_start/`, `sft/`, `rctp/`, ...) and
-is resumable on its own; a finished stage (its `summary.json` exists) is not run again. Every RL
-arm gets the same number of iterations, prompts and rollouts. Results: `summary.json`, a printed
-table, and `dynamics.png` (reward, degenerate-group fraction, entropy per RL iteration, one line
-per arm).
+Each stage runs in its own sub-directory of the workdir (`sft/`, `rctp/`, ...) and is resumable
+on its own; a finished stage (its `summary.json` exists) is not run again. Every RL arm gets the
+same number of iterations, prompts and rollouts. Results: `summary.json` (per arm, and the
+demo's three targets), a printed table, and `dynamics.png` (reward, degenerate-group fraction,
+entropy per RL iteration, one line per arm).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +32,12 @@ from rcgrpo_jax import runtime
 from rcgrpo_jax.train import plots
 from rcgrpo_jax.train.metrics import read_jsonl, write_atomic
 
-RL_ARMS = (  # (name, stage-1 run, RL algorithm)
-    ("sft_grpo", "sft", "grpo"),
-    ("rctp_rcgrpo", "rctp", "rcgrpo"),
-    ("rctp_grpo", "rctp", "grpo"),
+RL_ARMS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
+    # (name, stage-1 run, RL algorithm, rl overrides)
+    ("sft_grpo", "sft", "grpo", {}),
+    ("sft_rcgrpo", "sft", "rcgrpo", {}),
+    ("rctp_rcgrpo", "rctp", "rcgrpo", {}),
+    ("rctp_grpo", "rctp", "grpo", {"grpo_token": "high"}),
 )
 DYNAMICS = ("reward_mean", "degenerate_frac", "entropy")
 
@@ -54,7 +59,10 @@ ALGO_NAMES = {"sft": "SFT", "rctp": "RCTP", "grpo": "GRPO", "rcgrpo": "RC-GRPO"}
 
 def _run_once(c: ml_collections.ConfigDict, fn, what: str) -> dict[str, Any]:
     """Runs one arm unless its summary exists; prints the arm's start line."""
-    name = f"{Path(c.workdir).name} ({ALGO_NAMES[c.stage]})"
+    algo = ALGO_NAMES[c.stage]
+    if c.stage == "grpo" and c.rl.grpo_token == "high":
+        algo += " under <|high_reward|>"
+    name = f"{Path(c.workdir).name} ({algo})"
     done = Path(c.workdir) / "summary.json"
     if done.exists():
         print(f"{name}: finished earlier, {done}", flush=True)
@@ -121,10 +129,55 @@ def format_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+SFT_BAND = (0.2, 0.8)  # target 1: the SFT policy is neither hopeless nor saturated
+BASE_BELOW = 0.2  # ... and starts from a base below this
+CONTROL_GAP = 0.2  # target 2: RCTP success under high minus under low
+
+
+def targets(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The demo's three targets and whether each holds, from the arms' rows (absent arms: None).
+
+    1. SFT lands in `SFT_BAND` from a base below `BASE_BELOW`; 2. after RCTP, success under
+    `<|high_reward|>` exceeds success under `<|low_reward|>` by `CONTROL_GAP`; 3. RC-GRPO's
+    degenerate-group fraction is below SFT+GRPO's. `moved`: RL arms whose final held-out
+    success differs from their stage-1 start."""
+    get = lambda arm, key: arms.get(arm, {}).get(key)
+    base, sft = get("base", "heldout_success"), get("sft", "heldout_success")
+    high, low = get("rctp", "success_high"), get("rctp", "success_low")
+    deg_rc, deg_g = get("rctp_rcgrpo", "degenerate_frac"), get("sft_grpo", "degenerate_frac")
+    start = {name: get(init, "heldout_success") for name, init, *_ in RL_ARMS}
+    return {
+        "sft_in_band": None if sft is None or base is None
+        else bool(base < BASE_BELOW and SFT_BAND[0] <= sft <= SFT_BAND[1]),
+        "rctp_controllable": None if high is None or low is None
+        else bool(high - low >= CONTROL_GAP),
+        "rcgrpo_less_degenerate": None if deg_rc is None or deg_g is None
+        else bool(deg_rc < deg_g),
+        "moved": {
+            name: get(name, "heldout_success") - s0
+            for name, s0 in start.items()
+            if s0 is not None and get(name, "heldout_success") is not None
+        },
+    }  # fmt: skip
+
+
+def format_targets(t: dict[str, Any]) -> str:
+    mark = lambda ok: "-" if ok is None else ("yes" if ok else "NO")
+    moved = ", ".join(f"{k} {100 * v:+.1f}" for k, v in t["moved"].items())
+    return (
+        f"targets: SFT {SFT_BAND[0]:.0%}-{SFT_BAND[1]:.0%} from base < {BASE_BELOW:.0%}: "
+        f"{mark(t['sft_in_band'])}; RCTP high - low >= {CONTROL_GAP:.0%}: "
+        f"{mark(t['rctp_controllable'])}; RC-GRPO less degenerate than SFT+GRPO: "
+        f"{mark(t['rcgrpo_less_degenerate'])}\n"
+        f"RL change in held-out success (points): {moved or '-'}"
+    )
+
+
 def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     from rcgrpo_jax.rl import loop as rl_loop
     from rcgrpo_jax.train import sft
 
+    t0 = time.time()
     workdir = Path(config.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     if not config.tokenizer_path and not config.model.hf_path:  # one tokenizer for every stage
@@ -149,9 +202,9 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             c.train.steps = int(config.rctp.train_steps)  # e.g. the same epochs over more data
         what = f"{c.train.steps} steps from {'the warm start' if start else 'the base'}"
         arms[stage] = _stage1_row(_run_once(c, sft.run, what))
-    for name, init, algo in RL_ARMS:
+    for name, init, algo, overrides in RL_ARMS:
         init_from = str(workdir / init / "export")
-        c = _sub(config, algo, name, init_from=init_from)
+        c = _sub(config, algo, name, init_from=init_from, **overrides)
         _run_once(c, rl_loop.run, f"{c.rl.steps} iterations from {init}")
         arms[name] = stats = _rl_stats(Path(c.workdir))
         print(
@@ -160,14 +213,16 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             flush=True,
         )
 
-    runs = {name: workdir / name / "metrics.jsonl" for name, _, _ in RL_ARMS}
+    runs = {name: workdir / name / "metrics.jsonl" for name, *_ in RL_ARMS}
     plots.plot_metrics(runs, DYNAMICS, workdir / "dynamics.png")
     summary = {
         "arms": arms,
+        "targets": targets(arms),
         "rl_iterations": int(config.rl.steps),
         "rollouts_per_iteration": int(config.rl.num_prompts) * int(config.rl.group_size),
+        "wall_s": round(time.time() - t0, 1),  # this invocation (a resumed run: its part)
     }
-    table = format_table(summary)
+    table = format_table(summary) + "\n" + format_targets(summary["targets"])
     summary["table"] = table
     write_atomic(workdir / "summary.json", json.dumps(summary, indent=1) + "\n")
     write_atomic(workdir / "table.txt", table + "\n")

@@ -375,6 +375,11 @@ def copy_as(ctx: _Ctx) -> Turn | None:
     return text, [_nav(_cwd(ctx.fs), path) + [_call("cp", source=name, destination=new)]]
 
 
+def _look_top(ctx: _Ctx) -> list[str]:
+    """`ls` at the top (going there first if elsewhere)."""
+    return ([_call("cd", folder="/")] if _cwd(ctx.fs) else []) + [_call("ls")]
+
+
 def _top_file(ctx: _Ctx) -> tuple[Path, list[str], str] | None:
     """The top folder's only file and the look-up that lists it last (a fixed copy distance).
 
@@ -384,8 +389,12 @@ def _top_file(ctx: _Ctx) -> tuple[Path, list[str], str] | None:
     files = _files(ctx.fs, ())
     if len(files) != 1 or list(_node(ctx.fs, ()).contents)[-1] != files[0]:
         return None
-    look = ([_call("cd", folder="/")] if _cwd(ctx.fs) else []) + [_call("ls")]
-    return (), look, files[0]
+    return (), _look_top(ctx), files[0]
+
+
+def _top_folders(ctx: _Ctx) -> list[str]:
+    """The top folder's subfolders, in `ls` order."""
+    return [n for n, item in _node(ctx.fs, ()).contents.items() if _is_dir(item)]
 
 
 def _top_to_new_name(ctx: _Ctx, function: str, texts: tuple[str, str]) -> Turn | None:
@@ -412,6 +421,45 @@ def copy_top(ctx: _Ctx) -> Turn | None:
     return _top_to_new_name(ctx, "cp", texts)
 
 
+def _top_into_folder(ctx: _Ctx, function: str, index: int, texts: tuple[str, str]) -> Turn | None:
+    """`function(source=<top file>, destination=<the top's index-th folder>)` after one `ls`:
+    both names at fixed distances in its output."""
+    found, folders = _top_file(ctx), _top_folders(ctx)
+    if found is None or len(folders) <= index:
+        return None
+    _, look, target = found
+    ctx.focus = ((folders[index],), target)
+    act = [_call(function, source=target, destination=folders[index])]
+    return ctx.rng.choice(texts), [look, act]
+
+
+def copy_into_first(ctx: _Ctx) -> Turn | None:
+    """Copy the top file into the top's first folder."""
+    texts = (
+        "Copy the top file into the first folder.",
+        "Put a copy of the top file in the first folder.",
+    )
+    return _top_into_folder(ctx, "cp", 0, texts)
+
+
+def copy_into_second(ctx: _Ctx) -> Turn | None:
+    """Copy the top file into the top's second folder."""
+    texts = (
+        "Copy the top file into the second folder.",
+        "Put a copy of the top file in the second folder.",
+    )
+    return _top_into_folder(ctx, "cp", 1, texts)
+
+
+def move_into_second(ctx: _Ctx) -> Turn | None:
+    """Move the top file into the top's second folder."""
+    texts = (
+        "Move the top file into the second folder.",
+        "Put the file at the top in the second folder.",
+    )
+    return _top_into_folder(ctx, "mv", 1, texts)
+
+
 def count_top(ctx: _Ctx) -> Turn | None:
     """Count the words or lines of the file at the top (listed last by `ls`)."""
     found = _top_file(ctx)
@@ -424,6 +472,94 @@ def count_top(ctx: _Ctx) -> Turn | None:
     return text, [look, [_call("wc", file_name=target, mode=mode)]]
 
 
+# The tiny instruct base's pretraining tasks (`tools/pretrain_tiny`): everyday file-system
+# chores that teach the pieces the demo's tasks (`copy_into_first`, `copy_into_second`,
+# `move_into_second`) are made of: listing the top folder, copying its last entry and naming its
+# first or second folder, the mv/cp call syntax, the words of the demo's instructions. They never
+# make the demo's combinations (cp into a listed folder, mv into the second one), so the base
+# starts the demo low and stage 1 has only to combine what it knows.
+
+
+def _top_one(ctx: _Ctx, function: str, texts: tuple[str, str]) -> Turn | None:
+    """`function(file_name=<top file>)` after listing the top folder."""
+    found = _top_file(ctx)
+    if found is None:
+        return None
+    _, look, target = found
+    ctx.focus = None
+    return ctx.rng.choice(texts), [look, [_call(function, file_name=target)]]
+
+
+def delete_top(ctx: _Ctx) -> Turn | None:
+    """Delete the file at the top (listed last by `ls`)."""
+    return _top_one(ctx, "rm", ("Delete the file at the top.", "Remove the top file."))
+
+
+def show_top(ctx: _Ctx) -> Turn | None:
+    """Show the file at the top (listed last by `ls`)."""
+    return _top_one(ctx, "cat", ("Show me the file at the top.", "What does the top file say?"))
+
+
+def stash_top(ctx: _Ctx) -> Turn | None:
+    """Move the top file into the top's first folder (both names read from one `ls`)."""
+    found, folders = _top_file(ctx), _top_folders(ctx)
+    if found is None or not folders:
+        return None
+    (_, look, target), first = found, folders[0]
+    texts = (
+        "Move the top file into the first folder.",
+        "Put the file at the top in the first folder.",
+    )
+    ctx.focus = ((first,), target)
+    return ctx.rng.choice(texts), [look, [_call("mv", source=target, destination=first)]]
+
+
+def backup_top(ctx: _Ctx) -> Turn | None:
+    """Copy the top file into a new folder the user names."""
+    found = _top_file(ctx)
+    if found is None:
+        return None
+    _, look, target = found
+    new = ctx.take()
+    texts = (
+        f"Copy the top file into a new folder '{new}'.",
+        f"Back up the file at the top in a new folder called '{new}'.",
+    )
+    act = [_call("mkdir", dir_name=new), _call("cp", source=target, destination=new)]
+    ctx.focus = ((new,), target)
+    return ctx.rng.choice(texts), [look, act]
+
+
+def folder_in_second(ctx: _Ctx) -> Turn | None:
+    """Make a new folder, named by the user, inside the top's second folder."""
+    folders = _top_folders(ctx)
+    if len(folders) < 2:
+        return None
+    new = ctx.take()
+    texts = (
+        f"Make a new folder '{new}' inside the second folder at the top.",
+        f"In the second top folder, add a folder called '{new}'.",
+    )
+    ctx.focus = None
+    act = [_call("cd", folder=folders[1]), _call("mkdir", dir_name=new)]
+    return ctx.rng.choice(texts), [_look_top(ctx), act]
+
+
+def touch_top(ctx: _Ctx) -> Turn | None:
+    """Make an empty file, named by the user, at the top."""
+    new = f"{ctx.take()}.{ctx.rng.choice(EXTENSIONS)}"
+    texts = (f"Make an empty file '{new}' at the top.", f"At the top, create a file '{new}'.")
+    ctx.focus = ((), new)
+    return ctx.rng.choice(texts), [_look_top(ctx), [_call("touch", file_name=new)]]
+
+
+# The demo task family the chores are designed for (not yet the default demo: see
+# docs/experiments/tiny_default.md).
+BASE_DEMO_TEMPLATES = ("copy_into_first", "copy_into_second", "move_into_second")
+PRETRAIN_TEMPLATES = (
+    "delete_top", "show_top", "stash_top", "backup_top", "folder_in_second", "touch_top",
+)  # fmt: skip
+
 MAIN_TEMPLATES: dict[str, Callable[[_Ctx], Turn | None]] = {
     "copy_found": copy_found,
     "move_by_content": move_by_content,
@@ -432,6 +568,15 @@ MAIN_TEMPLATES: dict[str, Callable[[_Ctx], Turn | None]] = {
     "rename_top": rename_top,
     "copy_top": copy_top,
     "count_top": count_top,
+    "copy_into_first": copy_into_first,
+    "copy_into_second": copy_into_second,
+    "move_into_second": move_into_second,
+    "delete_top": delete_top,
+    "show_top": show_top,
+    "stash_top": stash_top,
+    "backup_top": backup_top,
+    "folder_in_second": folder_in_second,
+    "touch_top": touch_top,
 }
 FOLLOWUP_TEMPLATES: dict[str, Callable[[_Ctx], Turn | None]] = {
     "delete_original": delete_original,

@@ -2,10 +2,11 @@
 
 One RL iteration, read top to bottom:
 1. draw P training prompts (seeded by iteration: resume needs no iterator state);
-2. draw each rollout's reward token: r_j ~ P_sample(r) for RC-GRPO, none for GRPO;
+2. draw each rollout's reward token: r_j ~ P_sample(r) for RC-GRPO; GRPO: `rl.grpo_token`;
 3. run the P × G multi-turn rollouts (KV cache kept across turns), rewards from the BFCL checker;
 4. `rl.epochs` × `rl.minibatches` fused train steps over whole groups (advantages in the step);
-5. log, evaluate every `rl.eval_every` iterations (RC-GRPO: conditioned on `<|high_reward|>`),
+5. log, evaluate every `rl.eval_every` iterations (conditioned on `<|high_reward|>` where the
+   rollouts carry it),
    checkpoint every `rl.checkpoint_every`; at the end export an HF directory and plot dynamics.
 
 Multi-process, every process runs this same loop (SPMD): the sampler and the train step are
@@ -67,10 +68,10 @@ def _check(rl: ml_collections.ConfigDict, algo: str) -> None:
 
 
 def reward_tokens_for(algo: str, rl: ml_collections.ConfigDict, seed: int, iteration: int):
-    """[P, G] reward tokens of one iteration (all NONE for plain GRPO)."""
+    """[P, G] reward tokens of one iteration (GRPO: every row `rl.grpo_token`)."""
     shape = (int(rl.num_prompts), int(rl.group_size))
     if algo == "grpo":
-        return np.full(shape, NONE, np.int32)
+        return np.full(shape, HIGH if rl.grpo_token == "high" else NONE, np.int32)
     key = jax.random.fold_in(jax.random.key(seed), iteration)
     return np.asarray(
         sample_reward_tokens(key, *shape, float(rl.p_high), bool(rl.stratified)), np.int32
@@ -158,7 +159,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         start = int(data_state["iteration"])
     del params  # the state owns the policy from here on
 
-    eval_token = HIGH if algo == "rcgrpo" else None
+    eval_token = HIGH if algo == "rcgrpo" or rl.grpo_token == "high" else None
     main = distributed.is_main_process()
     with contextlib.ExitStack() as stack:
         stack.callback(ckpt.close)  # last out: waits for the final save

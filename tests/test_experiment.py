@@ -1,0 +1,89 @@
+"""Stage `all`'s bookkeeping without running it: the ablation arms, the demo's three targets,
+and the seed table's intervals (against scipy's t quantiles)."""
+
+from __future__ import annotations
+
+import ml_collections
+import numpy as np
+import pytest
+
+from rcgrpo_jax import experiment
+from rcgrpo_jax.rl.advantages import HIGH, NONE
+from rcgrpo_jax.rl.loop import reward_tokens_for
+from rcgrpo_jax.tools import seeds
+
+
+def _rl(**kw) -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(
+        {"num_prompts": 3, "group_size": 4, "p_high": 0.75, "stratified": True,
+         "grpo_token": "none", **kw}
+    )  # fmt: skip
+
+
+def test_grpo_rows_carry_the_configured_token():
+    assert (reward_tokens_for("grpo", _rl(), 0, 1) == NONE).all()
+    assert (reward_tokens_for("grpo", _rl(grpo_token="high"), 0, 1) == HIGH).all()
+    rc = reward_tokens_for("rcgrpo", _rl(grpo_token="high"), 0, 1)  # RC-GRPO ignores it
+    assert ((rc == HIGH).sum(1) == 3).all()
+
+
+def test_every_ablation_cell_is_an_arm():
+    arms = {name: (init, algo, o) for name, init, algo, o in experiment.RL_ARMS}
+    assert arms["sft_grpo"] == ("sft", "grpo", {})
+    assert arms["sft_rcgrpo"] == ("sft", "rcgrpo", {})
+    assert arms["rctp_rcgrpo"] == ("rctp", "rcgrpo", {})
+    assert arms["rctp_grpo"] == ("rctp", "grpo", {"grpo_token": "high"})
+
+
+def _arms(base=0.0, sft=0.5, high=0.5, low=0.0, deg_g=0.9, deg_rc=0.3, final=0.6):
+    rl = lambda deg: {"heldout_success": final, "degenerate_frac": deg, "entropy": 0.1}
+    return {
+        "base": {"heldout_success": base},
+        "sft": {"heldout_success": sft},
+        "rctp": {"heldout_success": high, "success_high": high, "success_low": low},
+        "sft_grpo": rl(deg_g), "sft_rcgrpo": rl(0.5), "rctp_rcgrpo": rl(deg_rc),
+        "rctp_grpo": rl(0.95),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "change, failed",
+    [
+        ({}, set()),
+        ({"sft": 0.85}, {"sft_in_band"}),
+        ({"sft": 0.15}, {"sft_in_band"}),
+        ({"base": 0.2}, {"sft_in_band"}),
+        ({"low": 0.31}, {"rctp_controllable"}),
+        ({"deg_rc": 0.9}, {"rcgrpo_less_degenerate"}),
+    ],
+)
+def test_targets(change, failed):
+    t = experiment.targets(_arms(**change))
+    assert {k for k in seeds.TARGETS if not t[k]} == failed
+    sft_start = change.get("sft", 0.5)
+    assert t["moved"]["sft_grpo"] == pytest.approx(0.6 - sft_start)
+    assert t["moved"]["rctp_grpo"] == pytest.approx(0.1)  # from RCTP's high-token success
+
+
+def test_seed_table_intervals():
+    from scipy import stats
+
+    values = [0.25, 0.5, 0.375, 0.625, 0.5]
+    got = seeds.interval(values)
+    half = stats.t.ppf(0.975, 4) * np.std(values, ddof=1) / np.sqrt(5)
+    assert got["mean"] == pytest.approx(0.45) and got["ci95"] == pytest.approx(half)
+    assert stats.t.ppf(0.975, 4) == pytest.approx(2.776, abs=1e-3)
+    per_seed = {}
+    for i, v in enumerate(values):
+        arms = _arms(sft=v, deg_rc=0.95 if i == 0 else 0.3, final=v + 0.1)
+        per_seed[i] = {"arms": arms, "targets": experiment.targets(arms), "wall_s": 1.0}
+    agg = seeds.aggregate(per_seed)
+    assert agg["targets_met"] == {
+        "sft_in_band": 5, "rctp_controllable": 5, "rcgrpo_less_degenerate": 4
+    }  # fmt: skip
+    assert agg["seeds_meeting_all"] == 4
+    assert agg["arms"]["sft"]["heldout_success"]["mean"] == pytest.approx(0.45)
+    assert agg["arms"]["sft_grpo"]["change"]["mean"] == pytest.approx(0.1)
+    assert agg["arms"]["sft_grpo"]["change"]["ci95"] == pytest.approx(0.0, abs=1e-12)
+    report = seeds.format_report(per_seed, agg)
+    assert "all three 4/5" in report and "sft_rcgrpo" in report
