@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 from conftest import REPO, mask_runs
 
+from rcgrpo_jax import experiment
 from rcgrpo_jax.envs import bfcl, prompts
 from rcgrpo_jax.envs.calls import extract_calls
 
@@ -60,7 +61,11 @@ LENGTH_KEYS = ("rl.max_len", "eval.max_len", "train.seq_len", "rctp.max_tokens")
 FULL_LENGTH = 16384
 PEAK_RSS_LIMIT = 12 * 2**30  # the runs must fit a 24 GB machine with room to spare
 TIMEOUT_S = 900
-ARMS = ("sft_grpo", "rctp_rcgrpo", "rctp_grpo")
+ARMS = tuple(name for name, *_ in experiment.RL_ARMS)
+# the tokens each arm's rollouts carry (sorted, G = 2): none, both (stratified), or all high
+ARM_TOKENS = {
+    "sft_grpo": [-1, -1], "sft_rcgrpo": [0, 1], "rctp_rcgrpo": [0, 1], "rctp_grpo": [1, 1],
+}  # fmt: skip
 EOT = {"qwen": "<|im_end|>", "llama": "<|eot_id|>"}
 # Embedding rows of the released checkpoints: Qwen2.5-7B pads its 151,665 tokens to 152,064 (the
 # reward tokens take padded rows), LLaMA-3.1-8B has exactly its 128,256 (they grow the table).
@@ -320,8 +325,8 @@ def test_reward_tokens_are_in_the_vocabulary(qwen_run):
 
 def test_rl_arms_log_their_rollouts(qwen_run):
     """One iteration per arm: G=2 rollouts of one training prompt, conditioned on both reward
-    tokens for RC-GRPO and on none for GRPO, scored (no environment failure), the metrics agreeing
-    with the log."""
+    tokens for RC-GRPO, on none for GRPO from SFT and on the high one from RCTP, scored (no
+    environment failure), the metrics agreeing with the log."""
     from rcgrpo_jax.envs.split import split_ids
 
     train = set(split_ids("train", CATEGORY))
@@ -330,7 +335,7 @@ def test_rl_arms_log_their_rollouts(qwen_run):
         (metrics,) = [json.loads(x) for x in (qwen_run["work"] / arm / "metrics.jsonl").open()]
         assert row["iteration"] == 1 and set(row["entry_ids"]) <= train
         tokens = sorted(row["reward_token"][0])
-        assert tokens == ([0, 1] if arm == "rctp_rcgrpo" else [-1, -1])
+        assert tokens == ARM_TOKENS[arm], arm
         rewards = np.asarray(row["rewards"])
         assert rewards.shape == (1, 2) and set(rewards.ravel()) <= {0.0, 1.0}
         assert row["env_errors"] == [[None, None]] and metrics["env_errors"] == 0
