@@ -1,6 +1,6 @@
 """The tiny instruct base's pretraining (`python -m rcgrpo_jax.tools.pretrain_tiny`).
 
-The demo's model (`configs/tiny.py`: a 3-layer, 64-wide decoder, f32, RoPE base 100, rows of
+The demo's model (`configs/tiny.py`: a 3-layer, 64-wide decoder, f32, RoPE base 100; rows of
 128 tokens) trained from scratch with stage `sft` on everyday file-system chores
 (`synthetic.PRETRAIN_TEMPLATES`: delete, show, move or back up the top file, make a folder
 inside, make an empty file) that teach the copies the demo's tasks need. Everything the demo
@@ -30,6 +30,11 @@ def get_config():
     for key in ("perturbations", "low_per_high", "train_steps"):
         c.rctp[key] = default.rctp[key]
     c.train.warm_start_steps = 0
+    # The demo's environment and rows before its names had roles (the bases were made so).
+    c.env.synthetic.difficulty.name_roles = False
+    c.env.synthetic.difficulty.depth = default.env.synthetic.difficulty.depth
+    c.env.synthetic.difficulty.distractors = default.env.synthetic.difficulty.distractors
+    c.train.seq_len = c.rctp.max_tokens = 128
     c.env.synthetic.num_train = 2000
     c.env.synthetic.num_test = 64
     c.env.synthetic.difficulty.templates = PRETRAIN_TEMPLATES

@@ -71,6 +71,7 @@ def base_config() -> ml_collections.ConfigDict:
             "distractors": 1,
             "followup": 0.6,
             "templates": ("copy_found", "move_by_content", "rename_by_ext", "clone_text"),
+            "name_roles": False,  # folders, files and new names from disjoint syllables
         }
     )
 

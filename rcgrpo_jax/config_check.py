@@ -210,6 +210,7 @@ RULES: dict[str, Rule] = {
     "env.synthetic.difficulty.distractors": integer(0),
     "env.synthetic.difficulty.followup": number(0.0, 1.0),
     "env.synthetic.difficulty.templates": subset(_templates),
+    "env.synthetic.difficulty.name_roles": boolean,
     "eval.policy": choice(("model", "ground_truth", "empty")),
     "eval.split": choice(("test", "train", "all")),
     "eval.categories": subset(_categories),

@@ -46,11 +46,15 @@ class ModelPolicyUnavailable(UserError, NotImplementedError):
     """eval.policy='model' was asked for without a sampler plugged in."""
 
 
+def _check_split(split: str) -> None:
+    if split not in ("train", "test", "all"):
+        raise UserError(f"eval.split={split!r}; expected 'train', 'test' or 'all'")
+
+
 def select_entries(split: str, categories: Sequence[str], max_entries: int) -> list[bfcl.Entry]:
     """Entries of `split` ('train', 'test' or 'all') in each category, at most `max_entries`
     per category (0 = all)."""
-    if split not in ("train", "test", "all"):
-        raise UserError(f"eval.split={split!r}; expected 'train', 'test' or 'all'")
+    _check_split(split)
     out = []
     for category in categories:
         if split == "all":
@@ -59,6 +63,17 @@ def select_entries(split: str, categories: Sequence[str], max_entries: int) -> l
             entries = bfcl.split_entries(split, category)
         out += entries[:max_entries] if max_entries > 0 else entries
     return out
+
+
+def synthetic_entries(config: Any, split: str, max_entries: int) -> list[bfcl.Entry]:
+    """The synthetic benchmark's tasks of `split` ('train', 'test' or 'all'), at most
+    `max_entries` (0 = all)."""
+    from rcgrpo_jax import runtime
+
+    _check_split(split)
+    splits = ("train", "test") if split == "all" else (split,)
+    entries = [e for s in splits for e in runtime.task_entries(config, s)]
+    return entries[:max_entries] if max_entries > 0 else entries
 
 
 def make_policy(
@@ -219,12 +234,17 @@ def run(
     """
     policy_name = _cfg(config, "eval.policy")
     split = _cfg(config, "eval.split", "test")
-    try:
-        categories = [
-            normalize_category(c) for c in _cfg(config, "eval.categories", bfcl.CATEGORIES)
-        ]
-    except ValueError as e:
-        raise UserError(f"eval.categories: {e}") from None
+    max_entries = int(_cfg(config, "eval.max_entries", 0))
+    if _cfg(config, "env.benchmark", "bfcl") == "synthetic":  # its own tasks, one category
+        entries, categories = synthetic_entries(config, split, max_entries), ["synthetic"]
+    else:
+        try:
+            categories = [
+                normalize_category(c) for c in _cfg(config, "eval.categories", bfcl.CATEGORIES)
+            ]
+        except ValueError as e:
+            raise UserError(f"eval.categories: {e}") from None
+        entries = select_entries(split, categories, max_entries)
     chat_format = _cfg(config, "model.chat_format", "qwen")
     batch_size = int(_cfg(config, "eval.batch_size", 0))
     use_rollouts = policy_name == "model" and generate_fn is None
@@ -239,7 +259,6 @@ def run(
 
     max_steps = int(_cfg(config, "env.max_steps_per_turn", bfcl.MAX_STEPS_PER_TURN))
     start = time.perf_counter()
-    entries = select_entries(split, categories, int(_cfg(config, "eval.max_entries", 0)))
     if use_rollouts:
         from rcgrpo_jax import distributed
 

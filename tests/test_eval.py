@@ -112,3 +112,26 @@ def test_model_policy_plug_with_a_fake_sampler(tmp_path, tokenizer_root):
     summary = eval_stage.run(config, generate_fn=generate_fn, tokenizer=tok)
     assert summary["num_entries"] == 8 and summary["accuracy"]["overall"] == 100.0
     assert all(e.done for e in mirror)
+
+
+def test_synthetic_benchmark_evaluates_its_own_tasks(tmp_path):
+    """`--config.stage=eval` on a synthetic config scores the synthetic held-out tasks (the
+    demo's), not BFCL's."""
+    config = make_config(tmp_path, max_entries=6, chat_format="python")
+    config.env.benchmark = "synthetic"
+    config.env.synthetic = {
+        "num_train": 4,
+        "num_test": 8,
+        "seed": 0,
+        "difficulty": {"turns": (1, 1)},
+    }
+    summary = eval_stage.run(config)
+    assert summary["num_entries"] == 6 and summary["accuracy"]["overall"] == 100.0
+    assert set(summary["categories"]) == {"synthetic"}
+    rows = read_jsonl(tmp_path / "eval" / "test-ground_truth" / "entries.jsonl")
+    assert [r["id"] for r in rows] == [f"synthetic_test_0_{i}" for i in range(6)]
+    config.eval.policy, config.eval.split = "empty", "all"
+    assert eval_stage.run(config)["num_entries"] == 6  # the first 6 of train + test
+    config.eval.split = "valid"
+    with pytest.raises(UserError, match="eval.split"):
+        eval_stage.run(config)

@@ -183,6 +183,62 @@ def test_top_file_templates_put_the_name_last_in_the_listing():
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+DEMO_TEMPLATES = ("count_top", "copy_top", "rename_top", "rename_by_ext", "clone_text")
+
+
+def role_of(name: str) -> str | None:
+    """The role whose names include `name` (None for a word that is no role's, e.g. "file")."""
+    roles = [r for r in synthetic.ROLES if any(name in v for v in synthetic.ROLE_NAMES[r].values())]
+    return roles[0] if roles else None
+
+
+def test_name_roles_draw_each_role_from_its_own_syllables():
+    """With `name_roles`, folders, files and new names come from disjoint syllables, each role
+    split 1 in 5 like `NAMES`; the tasks still obey every rule, and a name the agent copies in
+    the top-file templates is the only one of its role in view."""
+    syllables = {
+        r: {n[:2] for v in synthetic.ROLE_NAMES[r].values() for n in v}
+        | {n[2:] for v in synthetic.ROLE_NAMES[r].values() for n in v}
+        for r in synthetic.ROLES
+    }
+    assert all(len(s) == 10 for s in syllables.values())
+    assert not set.intersection(*syllables.values())
+    for r in synthetic.ROLES:
+        names = synthetic.ROLE_NAMES[r]
+        assert (len(names["train"]), len(names["test"])) == (20, 5)
+        assert {synthetic.name_split(n) for n in synthetic.ROLE_NAMES[r]["test"]} == {"test"}
+    kw = dict(templates=DEMO_TEMPLATES, turns=(1, 1), name_roles=True, depth=1, distractors=1)
+    made = {s: synthetic.make_tasks(s, 20, seed=2, **kw) for s in synthetic.SPLITS}
+    checked = 0
+    test_reference_policies_through_episode(made)
+    test_acting_needs_what_was_observed(made)
+    for split, entries in made.items():
+        for e in entries:
+            (root,) = e.initial_config["GorillaFileSystem"]["root"].values()
+            for name, item in root["contents"].items():
+                want = "dir" if item["type"] == "directory" else "file"
+                assert role_of(name.split(".")[0]) == want, (e.id, name)
+            act = e.ground_truth[0][-1]
+            for value in parse_call(act).kwargs.values():
+                for name in re.findall(r"[a-z]{4}", value):  # names; contents are no role's
+                    assert role_of(name) is None or synthetic.name_split(name) == split
+            if act.startswith(("mv", "cp", "wc")) and "top" in e.question[0][0]["content"]:
+                messages = synthetic.play(e, policies.ground_truth).messages
+                seen = " ".join(str(m["content"]) for m in messages[:-3])  # before the act
+                for value in parse_call(act).kwargs.values():
+                    stem = value.split(".")[0]
+                    if len(stem) == 4:
+                        found = re.findall(r"[a-z]{4}", seen)
+                        same_role = {n for n in found if role_of(n) == role_of(stem)}
+                        assert same_role == {stem}, (e.id, act, same_role)
+                        checked += 1
+    assert checked >= 20
+    with pytest.raises(ValueError, match="name_roles"):  # 5 held-out file names per role
+        synthetic.make_tasks("test", 1, templates=DEMO_TEMPLATES, name_roles=True, depth=2)
+
+
 # Tokenizer
 
 

@@ -25,6 +25,10 @@ def get_config():
     c.model.hf_path = str(assets.TINY_INSTRUCT)
     c.env.synthetic.num_test = 64
     c.env.synthetic.difficulty.templates = BASE_DEMO_TEMPLATES
+    # the environment and rows the bases were made for (before the demo's names had roles)
+    c.env.synthetic.difficulty.name_roles = False
+    c.env.synthetic.difficulty.depth, c.env.synthetic.difficulty.distractors = 2, 1
+    c.train.seq_len = c.rctp.max_tokens = 128
     c.rctp.eval_entries = c.eval.max_entries = 64
     c.train.warm_start_steps = 0
     c.train.steps, c.rctp.train_steps = 100, 150  # the same passes over the golden examples

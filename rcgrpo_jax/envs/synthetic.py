@@ -15,7 +15,8 @@ The checker's response check also requires the look-ups: their results must appe
 the agent's results.
 
 Train and test tasks are disjoint by RNG stream and by every name: root, folders, files,
-keywords and contents come from disjoint sets of two-syllable names (`NAMES`). Generation is
+keywords and contents come from disjoint sets of two-syllable names (`NAMES`); with
+`Difficulty.name_roles`, the content words are shared by both splits (`_taker`). Generation is
 deterministic given the arguments, and each task is kept only if the ground truth scores 1.0
 and the empty policy 0.0 through `Episode`.
 """
@@ -63,6 +64,26 @@ NAMES = {
     for split in SPLITS
 }
 
+# With `Difficulty.name_roles`, folders, files and the new names a user asks for come from
+# disjoint syllable sets (each role's first and second syllables five of their own). Then every
+# name a task needs is the only one of its role in view, and the agent can find it by what it
+# is, not by where it sits: a copy a tiny model learns steadily from its first steps, where a
+# copy by position forms after a plateau whose length rides on the seed and the rounding
+# (docs/experiments/tiny_default.md). Each role keeps the 1-in-5 held-out split of `NAMES`.
+ROLES = ("dir", "file", "new")
+ROLE_NAMES = {
+    role: {
+        split: tuple(
+            a + b
+            for a in SYLLABLES[10 * r : 10 * r + 5]
+            for b in SYLLABLES[10 * r + 5 : 10 * r + 10]
+            if name_split(a + b) == split
+        )
+        for split in SPLITS
+    }
+    for r, role in enumerate(ROLES)
+}
+
 
 def _doc(name: str, description: str, required: Sequence[str] = (), **optional: Any) -> dict:
     """A BFCL-shaped function doc with a one-line description (string parameters)."""
@@ -100,7 +121,8 @@ class Difficulty:
     turns: (min, max) user turns; depth: folder levels below the root (>= 1);
     distractors: extra files per folder besides one (more to read, more to confuse);
     followup: chance that a later turn refers to the previous turn's file;
-    templates: which main task kinds may occur (see `MAIN_TEMPLATES`).
+    templates: which main task kinds may occur (see `MAIN_TEMPLATES`);
+    name_roles: folders, files and new names from disjoint syllables (`ROLE_NAMES`).
     """
 
     turns: tuple[int, int] = (1, 3)
@@ -108,6 +130,7 @@ class Difficulty:
     distractors: int = 1
     followup: float = 0.6
     templates: tuple[str, ...] = ("copy_found", "move_by_content", "rename_by_ext", "clone_text")
+    name_roles: bool = False
 
     def __post_init__(self) -> None:
         lo, hi = self.turns
@@ -132,14 +155,36 @@ def _content(rng: random.Random, words: Sequence[str]) -> str:
     return " ".join(rng.choices(words, k=rng.randint(2, 4)))
 
 
-def _folder(rng, take, words, level: int, diff: Difficulty) -> dict[str, Any]:
+Take = Callable[..., str]  # take(role) -> a fresh name for "dir", "file" or "new" (`ROLES`)
+
+
+def _taker(rng: random.Random, split: str, size: int, roles: bool) -> tuple[Take, list[str]]:
+    """A task's supply of fresh names, and the words file contents are made of."""
+    if not roles:
+        pool = rng.sample(NAMES[split], size)
+        return lambda role="new": pool.pop(), pool
+    pools = {r: rng.sample(ROLE_NAMES[r][split], len(ROLE_NAMES[r][split])) for r in ROLES}
+
+    def take(role: str = "new") -> str:
+        if not pools[role]:
+            n = len(ROLE_NAMES[role][split])
+            raise ValueError(
+                f"name_roles: a {split} task needs more than the {n} {role} names of its role; "
+                "lower env.synthetic.difficulty.depth or .distractors"
+            )
+        return pools[role].pop()
+
+    return take, [a + b for a in SYLLABLES[30:] for b in SYLLABLES[30:]]
+
+
+def _folder(rng, take: Take, words, level: int, diff: Difficulty) -> dict[str, Any]:
     """Contents of one folder: 1 + distractors files, maybe a subfolder below `diff.depth`."""
     contents: dict[str, Any] = {}
     for _ in range(1 + diff.distractors):
-        name = f"{take()}.{rng.choice(EXTENSIONS)}"
+        name = f"{take('file')}.{rng.choice(EXTENSIONS)}"
         contents[name] = {"type": "file", "content": _content(rng, words)}
     if level < diff.depth and (level == 1 or rng.random() < 0.5):
-        contents[take()] = {
+        contents[take("dir")] = {
             "type": "directory",
             "contents": _folder(rng, take, words, level + 1, diff),
         }
@@ -147,14 +192,17 @@ def _folder(rng, take, words, level: int, diff: Difficulty) -> dict[str, Any]:
 
 
 def initial_config(
-    rng: random.Random, take: Callable[[], str], words: Sequence[str], diff: Difficulty
+    rng: random.Random, take: Take, words: Sequence[str], diff: Difficulty
 ) -> dict[str, Any]:
     """GorillaFileSystem `initial_config`: two top folders (trees to `diff.depth`), a root file."""
     top: dict[str, Any] = {}
     for _ in range(2):
-        top[take()] = {"type": "directory", "contents": _folder(rng, take, words, 1, diff)}
-    top[f"{take()}.{rng.choice(EXTENSIONS)}"] = {"type": "file", "content": _content(rng, words)}
-    return {"GorillaFileSystem": {"root": {take(): {"type": "directory", "contents": top}}}}
+        top[take("dir")] = {"type": "directory", "contents": _folder(rng, take, words, 1, diff)}
+    top[f"{take('file')}.{rng.choice(EXTENSIONS)}"] = {
+        "type": "file",
+        "content": _content(rng, words),
+    }
+    return {"GorillaFileSystem": {"root": {take("dir"): {"type": "directory", "contents": top}}}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,7 +269,7 @@ def _ext(name: str) -> str:
 @dataclass
 class _Ctx:
     rng: random.Random
-    take: Callable[[], str]
+    take: Take
     fs: Any
     focus: tuple[Path, str] | None = None  # the file the last turn was about
     last: str = ""  # the last turn's template
@@ -612,9 +660,8 @@ def generate(rng: random.Random, split: str, diff: Difficulty) -> tuple[dict, li
     # Enough names for every folder (up to 2 * depth), its files and subfolder, the root,
     # its file and the names the turns create; contents reuse names not taken yet.
     size = 2 * diff.depth * (diff.distractors + 2) + 8 + 2 * diff.turns[1]
-    pool = rng.sample(NAMES[split], size)
-    take = pool.pop
-    config = initial_config(rng, take, pool, diff)
+    take, words = _taker(rng, split, size, diff.name_roles)
+    config = initial_config(rng, take, words, diff)
     (instances,) = load_instances(config, CLASSES, long_context=False)
     ctx = _Ctx(rng, take, instances["GorillaFileSystem"])
     turns: list[Turn] = []
