@@ -3,7 +3,7 @@
 Synthetic multi-turn file-system tasks over bfcl-eval's GorillaFileSystem simulator (the same
 executor and reward as BFCL), a SentencePiece tokenizer trained at start-up, and a tiny decoder
 trained from scratch: base → warm start (SFT) → SFT → GRPO and RC-GRPO, warm start → RCTP →
-RC-GRPO and GRPO under <|high_reward|> (`experiment.RL_ARMS`).
+RC-GRPO and GRPO under <|high_reward|> (`stages.all.RL_ARMS`).
 """
 
 from rcgrpo_jax.config import base_config

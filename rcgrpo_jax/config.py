@@ -86,7 +86,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.batch_size = 0  # entries decoded together (0 = all at once)
     c.eval.reward_token = ml_collections.config_dict.placeholder(int)  # None | 1 high | 0 low
 
-    # Stage 1: SFT (golden trajectories) / RCTP (mixed quality + reward tokens), train/sft.py.
+    # Stage 1: SFT (golden trajectories) / RCTP (mixed quality + reward tokens), stages/sft.py.
     c.rctp = ml_collections.ConfigDict()
     c.rctp.low_per_high = 1.0  # label-0 examples kept per label-1 example (< 0: keep all)
     c.rctp.perturbations = (
@@ -125,7 +125,7 @@ def base_config() -> ml_collections.ConfigDict:
         }
     )
 
-    # Stage 2: GRPO / RC-GRPO (rl/loop.py). One iteration = P prompts x G rollouts, then
+    # Stage 2: GRPO / RC-GRPO (stages/rl.py). One iteration = P prompts x G rollouts, then
     # epochs x minibatches fused updates over whole groups.
     c.rl = ml_collections.ConfigDict()
     c.rl.init_from = ""  # HF dir of the stage-1 policy (e.g. <workdir>/rctp/export); "" = model

@@ -16,7 +16,7 @@ from typing import Any
 import ml_collections
 
 from rcgrpo_jax.config import BFCL_CATEGORIES, STAGES
-from rcgrpo_jax.runtime import UserError
+from rcgrpo_jax.errors import UserError
 
 # A rule returns None when the value is fine, else what is allowed ("an integer >= 0").
 Rule = Callable[[Any], str | None]

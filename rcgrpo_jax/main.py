@@ -18,18 +18,18 @@ from ml_collections import config_flags
 
 from rcgrpo_jax import config_check, logs
 from rcgrpo_jax.config import STAGES
-from rcgrpo_jax.runtime import UserError
+from rcgrpo_jax.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny.py", "Experiment config file.")
 
 # stage -> (module with a `run(config) -> dict`, the issue that builds it)
 _STAGE_RUNNERS = {
-    "eval": ("rcgrpo_jax.eval", 4),
-    "sft": ("rcgrpo_jax.train.sft", 5),
-    "rctp": ("rcgrpo_jax.train.sft", 5),
-    "grpo": ("rcgrpo_jax.rl.loop", 6),
-    "rcgrpo": ("rcgrpo_jax.rl.loop", 6),
-    "all": ("rcgrpo_jax.experiment", 7),
+    "eval": ("rcgrpo_jax.stages.eval", 4),
+    "sft": ("rcgrpo_jax.stages.sft", 5),
+    "rctp": ("rcgrpo_jax.stages.sft", 5),
+    "grpo": ("rcgrpo_jax.stages.rl", 6),
+    "rcgrpo": ("rcgrpo_jax.stages.rl", 6),
+    "all": ("rcgrpo_jax.stages.all", 7),
 }
 
 

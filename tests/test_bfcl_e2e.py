@@ -35,9 +35,9 @@ import numpy as np
 import pytest
 from conftest import REPO, mask_runs
 
-from rcgrpo_jax import experiment
 from rcgrpo_jax.envs import bfcl, prompts
 from rcgrpo_jax.envs.calls import extract_calls
+from rcgrpo_jax.stages import all as experiment
 
 CATEGORY = "multi_turn_base"
 # Sizes, step counts and entry counts only; no length is overridden.
@@ -417,23 +417,24 @@ def test_prompts_longer_than_max_len_are_left_out_once(qwen_model, capsys):
     from transformers import AutoTokenizer
 
     from rcgrpo_jax import config as config_lib
-    from rcgrpo_jax import models, runtime
-    from rcgrpo_jax.eval import success_rate
+    from rcgrpo_jax import models
+    from rcgrpo_jax.stages import setup
+    from rcgrpo_jax.stages.eval import success_rate
 
     tok = AutoTokenizer.from_pretrained(str(qwen_model))
     entries = bfcl.split_entries("test", CATEGORY)[:3]
-    lengths = [runtime.prompt_length(tok, e, "qwen") for e in entries]
-    max_len = min(lengths) + runtime.PROMPT_HEADROOM
+    lengths = [setup.prompt_length(tok, e, "qwen") for e in entries]
+    max_len = min(lengths) + setup.PROMPT_HEADROOM
     kept = [e for e, n in zip(entries, lengths, strict=True) if n == min(lengths)]
     assert 0 < len(kept) < len(entries)
     what = "evaluation entries for eval.max_len"
     for _ in range(2):
-        assert runtime.fitting_entries(entries, tok, "qwen", max_len, what) == kept
+        assert setup.fitting_entries(entries, tok, "qwen", max_len, what) == kept
     err = capsys.readouterr().err
     note = f"note: {len(entries) - len(kept)} of {len(entries)} {what}={max_len} left out"
     assert err.count(note) == 1, err
-    with pytest.raises(runtime.UserError, match="every prompt is longer"):
-        runtime.fitting_entries(entries, tok, "qwen", min(lengths), what)
+    with pytest.raises(setup.UserError, match="every prompt is longer"):
+        setup.fitting_entries(entries, tok, "qwen", min(lengths), what)
 
     c = config_lib.base_config()
     c.eval.max_len, c.eval.max_new_tokens, c.env.max_steps_per_turn = max_len, 1, 1

@@ -7,9 +7,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from rcgrpo_jax import experiment
 from rcgrpo_jax.rl.advantages import HIGH, NONE
-from rcgrpo_jax.rl.loop import reward_tokens_for
+from rcgrpo_jax.stages import all as experiment
+from rcgrpo_jax.stages.rl import reward_tokens_for
 from rcgrpo_jax.tools import seeds
 
 

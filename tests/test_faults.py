@@ -1,6 +1,6 @@
 """Injected environment faults in a real RL iteration: the run goes on, the rows score 0.
 
-One `rcgrpo` iteration (`rl.loop.run`, tiny random model, 8 prompts x 2 rollouts) over synthetic
+One `rcgrpo` iteration (`stages.rl.run`, tiny random model, 8 prompts x 2 rollouts) over synthetic
 file-system tasks whose simulator is `FaultyFS`, a GorillaFileSystem that misbehaves as its
 scenario says. The policy's text is scripted (the tokenizer's `decode` returns `[ls()]`, so every
 row calls the faulty method; `env.max_steps_per_turn = 1` ends each row after two steps).
@@ -17,9 +17,9 @@ import time
 import pytest
 from conftest import REPO
 
-from rcgrpo_jax import runtime
 from rcgrpo_jax.envs import executor, tiny_tokenizer
-from rcgrpo_jax.rl import loop
+from rcgrpo_jax.stages import rl as loop
+from rcgrpo_jax.stages import setup
 from rcgrpo_jax.train.metrics import read_jsonl
 
 GFS = executor.simulator_class("GorillaFileSystem")
@@ -119,7 +119,7 @@ def tiny_config(workdir):
 
 def test_faults_in_an_rl_iteration(tmp_path, monkeypatch, capfd):
     config = tiny_config(tmp_path / "run")
-    tasks = runtime.task_entries(config, "train")
+    tasks = setup.task_entries(config, "train")
     tokenizer = tiny_tokenizer.load_or_train(tmp_path / "tok", tasks, vocab_size=1024)
     tokenizer.decode = lambda ids, **kw: "[ls()]"  # the scripted policy text
     entries = faulty_entries(tasks)
@@ -127,8 +127,8 @@ def test_faults_in_an_rl_iteration(tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(
         executor, "simulator_class", lambda n: FaultyFS if n == "FaultyFS" else real_class(n)
     )
-    monkeypatch.setattr(runtime, "tokenizer_from_config", lambda *a, **k: tokenizer)
-    monkeypatch.setattr(runtime, "task_entries", lambda c, split: entries)
+    monkeypatch.setattr(setup, "tokenizer_from_config", lambda *a, **k: tokenizer)
+    monkeypatch.setattr(setup, "task_entries", lambda c, split: entries)
 
     t0 = time.perf_counter()
     summary = loop.run(config)

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO
 
 from rcgrpo_jax import config as config_lib
-from rcgrpo_jax import runtime
+from rcgrpo_jax.stages import setup
 
 
 def run_main(*args: str) -> subprocess.CompletedProcess:
@@ -68,24 +68,24 @@ def test_configs_load_and_declare_known_stage(name):
 def test_mesh_from_config_fills_and_rejects():
     c = config_lib.base_config()
     c.mesh.shape = (2, -1, 1)
-    assert dict(runtime.mesh_from_config(c).shape) == {"data": 2, "fsdp": 4, "tensor": 1}
+    assert dict(setup.mesh_from_config(c).shape) == {"data": 2, "fsdp": 4, "tensor": 1}
     c.mesh.shape = (3, -1, 1)
-    with pytest.raises(runtime.UserError, match="does not divide 8 devices"):
-        runtime.mesh_from_config(c)
+    with pytest.raises(setup.UserError, match="does not divide 8 devices"):
+        setup.mesh_from_config(c)
     c.mesh.shape = (2, 2, 1)
-    with pytest.raises(runtime.UserError, match="uses 4 of 8 devices"):
-        runtime.mesh_from_config(c)
+    with pytest.raises(setup.UserError, match="uses 4 of 8 devices"):
+        setup.mesh_from_config(c)
 
 
 def test_random_model_from_config_is_sharded():
     c = config_lib.base_config()
     c.mesh.shape = (1, 2, 4)
-    mesh = runtime.mesh_from_config(c)
-    cfg, params = runtime.model_from_config(c, mesh)
+    mesh = setup.mesh_from_config(c)
+    cfg, params = setup.model_from_config(c, mesh)
     assert cfg.vocab_size == c.model.arch.vocab_size and cfg.dtype == "bfloat16"
     wq = params["layers"]["attn"]["wq"]
     assert wq.shape == (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.head_dim)
     assert tuple(wq.sharding.spec) == (None, "fsdp", "tensor", None)
     c.model.arch.num_heads = 3
-    with pytest.raises(runtime.UserError, match="not a multiple of num_kv_heads"):
-        runtime.model_from_config(c)
+    with pytest.raises(setup.UserError, match="not a multiple of num_kv_heads"):
+        setup.model_from_config(c)

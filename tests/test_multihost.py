@@ -79,7 +79,7 @@ def _make_init(root: Path) -> Path:
 
     from rcgrpo_jax import models
     from rcgrpo_jax.envs import tiny_tokenizer
-    from rcgrpo_jax.runtime import task_entries
+    from rcgrpo_jax.stages.setup import task_entries
 
     spec = importlib.util.spec_from_file_location("tiny_config", REPO / "configs" / "tiny.py")
     tiny = importlib.util.module_from_spec(spec)

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from rcgrpo_jax import experiment, models
+from rcgrpo_jax import models
+from rcgrpo_jax.stages import all as experiment
 from rcgrpo_jax.train.metrics import read_jsonl
 
 # configs/tiny.py shrunk to seconds per stage; run through the real command line, on 2 devices.

@@ -338,14 +338,14 @@ def test_tokenizer_saved_with_a_qwen2_export_loads_as_saved(tok, tasks, tmp_path
     would rebuild it as Qwen2Tokenizer (another pre-tokenizer), so RL arms read other ids."""
     import ml_collections
 
-    from rcgrpo_jax import runtime
+    from rcgrpo_jax.stages import setup
 
     tok.save_pretrained(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     c = ml_collections.ConfigDict(
         {"tokenizer_path": "", "model": {"hf_path": ""}, "env": {"benchmark": "synthetic"}}
     )
-    loaded = runtime.tokenizer_from_config(c, str(tmp_path))
+    loaded = setup.tokenizer_from_config(c, str(tmp_path))
     text = prompts.render_text(tok, next(conversations(tasks)))
     assert loaded.encode(text, add_special_tokens=False) == tok.encode(
         text, add_special_tokens=False

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rcgrpo_jax import models
-from rcgrpo_jax.data import loader
+from rcgrpo_jax.data import loader, packing
 from rcgrpo_jax.train import checkpoint, losses, optim
 from rcgrpo_jax.train import state as st
 
@@ -214,7 +214,7 @@ def nll_fn():
 
 def test_packing_equals_separate_examples(host_params, nll_fn):
     exs = _examples(6, seed=1)
-    packed = losses.pack_examples(exs, 32)
+    packed = packing.pack_examples(exs, 32)
     assert packed["tokens"].shape[0] < len(exs)  # something was actually packed together
     for i, ex in enumerate(exs):  # layout: segment ids 1..n, positions restart at 0
         r, seg = packed["example_row"][i], packed["example_segment"][i]
@@ -223,7 +223,7 @@ def test_packing_equals_separate_examples(host_params, nll_fn):
         np.testing.assert_array_equal(packed["positions"][r][sel], np.arange(len(ex["tokens"])))
     fields = ("tokens", "loss_mask", "segments", "positions")
     total_packed = float(nll_fn(host_params, {k: packed[k] for k in fields}))
-    single = losses.pad_examples(exs, [32])
+    single = packing.pad_examples(exs, [32])
     per_example = [
         float(nll_fn(host_params, {k: single[k][i : i + 1] for k in fields}))
         for i in range(len(exs))
@@ -237,10 +237,10 @@ def test_packing_equals_separate_examples(host_params, nll_fn):
 
 def test_packing_never_splits():
     with pytest.raises(ValueError, match="never split"):
-        losses.pack_examples([{"tokens": np.arange(20), "loss_mask": np.ones(20)}], 16)
-    assert losses.bucket_length(17, [16, 32, 64]) == 32
+        packing.pack_examples([{"tokens": np.arange(20), "loss_mask": np.ones(20)}], 16)
+    assert packing.bucket_length(17, [16, 32, 64]) == 32
     with pytest.raises(ValueError, match="exceeds the largest bucket"):
-        losses.bucket_length(65, [16, 32, 64])
+        packing.bucket_length(65, [16, 32, 64])
 
 
 def test_optimizer_schedule_and_decay_mask():

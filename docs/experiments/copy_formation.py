@@ -24,9 +24,10 @@ import optax
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
 from transformers import PreTrainedTokenizerFast
 
-from rcgrpo_jax import models, runtime
+from rcgrpo_jax import models
 from rcgrpo_jax.data import store
 from rcgrpo_jax.envs import policies, prompts, synthetic
+from rcgrpo_jax.stages import setup
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--seed", type=int, default=0)
@@ -66,7 +67,7 @@ m = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(m)
 c = m.get_config()
 test = []
-for e in runtime.task_entries(c, "test")[:32]:
+for e in setup.task_entries(c, "test")[:32]:
     ids, mask = prompts.render_with_mask(tok, synthetic.play(e, policies.ground_truth).messages)
     test.append((ids, mask))
 TT = max(len(i) for i, _ in test)

@@ -13,8 +13,9 @@ import sys
 import jax
 import numpy as np
 
-from rcgrpo_jax import logs, models, runtime
+from rcgrpo_jax import logs, models
 from rcgrpo_jax.envs import policies, prompts, synthetic
+from rcgrpo_jax.stages import setup
 
 logs.configure(verbose=False)
 export, template = sys.argv[1], sys.argv[2]
@@ -24,7 +25,7 @@ module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 c = module.get_config()
 c.model.hf_path, c.tokenizer_path = export, ""
-tokenizer = runtime.tokenizer_from_config(c)
+tokenizer = setup.tokenizer_from_config(c)
 cfg, params = models.load_hf(export)
 task = synthetic.make_tasks("train", 1, turns=(1, 1), templates=(template,))[0]
 messages = synthetic.play(task, policies.ground_truth).messages

@@ -1,2 +1,3 @@
-"""Data: trajectory storage (store: TFDS ArrayRecord without TensorFlow) and grain loaders
-(loader: seeded shuffling, per-host sharding, packing, checkpointable iterators)."""
+"""Data: trajectory storage (store: TFDS ArrayRecord without TensorFlow), packing of examples
+into rows (packing), and grain loaders (loader: seeded shuffling, per-host sharding,
+checkpointable iterators)."""

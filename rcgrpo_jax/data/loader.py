@@ -15,7 +15,7 @@ import grain
 import jax
 import numpy as np
 
-from rcgrpo_jax.train.losses import pack_examples
+from rcgrpo_jax.data.packing import pack_examples
 
 ROW_FIELDS = ("tokens", "loss_mask", "segments", "positions")
 

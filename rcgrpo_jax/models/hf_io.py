@@ -1,10 +1,10 @@
 """Hugging Face checkpoints in and out, tensor by tensor.
 
-Loading never materialises the whole model on the host: each weight is read from its safetensors
-file only for the slice a device needs (`jax.make_array_from_callback`), converted, and placed on
-the mesh; saving fetches one weight at a time. The safetensors format (an 8-byte header length, a
-JSON header, raw little-endian data) is read and written directly so that bf16 needs no torch and
-every error can name the file and the tensor.
+Loading never materialises the whole model on the host: each weight is read from its
+memory-mapped safetensors file when a device asks for its slice (`jax.make_array_from_callback`),
+converted, and placed on the mesh; saving fetches one weight at a time and holds at most one
+output file's tensors. Files go through the safetensors library (numpy arrays, so bf16 needs no
+torch); its errors are re-raised as `CheckpointError`s naming the file and the tensor.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import struct
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import safetensors
+import safetensors.numpy
 from jax.sharding import Mesh
 
 from rcgrpo_jax.models import api
@@ -248,12 +249,11 @@ class _TensorInfo:
     file: Path
     dtype: np.dtype
     shape: tuple[int, ...]
-    offset: int  # absolute byte offset in the file
-    nbytes: int
 
 
 class SafetensorsReader:
-    """Index of every tensor in a checkpoint directory (single file or sharded with an index)."""
+    """Every tensor of a checkpoint directory (one file, or shards listed in an index), read
+    with the safetensors library; its errors are re-raised naming the file and the tensor."""
 
     def __init__(self, directory: str | os.PathLike):
         self.directory = Path(directory)
@@ -269,42 +269,27 @@ class SafetensorsReader:
         if not files:
             raise CheckpointError(f"{self.directory}: no *.safetensors files")
         self.tensors: dict[str, _TensorInfo] = {}
+        self._handles: dict[Path, Any] = {}  # one open (memory-mapped) file each
         for f in files:
-            self.tensors.update(self._read_header(f))
+            self.tensors.update(self._index(f))
 
-    @staticmethod
-    def _read_header(path: Path) -> dict[str, _TensorInfo]:
+    def _index(self, path: Path) -> dict[str, _TensorInfo]:
         if not path.exists():
             raise CheckpointError(f"{path}: listed in the index but missing")
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
-            raw = fh.read(8)
-            if len(raw) < 8:
-                raise CheckpointError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-            (n,) = struct.unpack("<Q", raw)
-            if n > size - 8:
-                raise CheckpointError(f"{path}: header length {n} exceeds file size {size}")
-            try:
-                header = json.loads(fh.read(n))
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise CheckpointError(f"{path}: unreadable safetensors header ({e})") from e
+        try:
+            handle = self._handles[path] = safetensors.safe_open(str(path), framework="numpy")
+        except safetensors.SafetensorError as e:
+            raise CheckpointError(
+                f"{path}: not a readable safetensors file ({e}; truncated?)"
+            ) from e
         out = {}
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            if info.get("dtype") not in _ST_DTYPES:
+        for name in handle.keys():
+            view = handle.get_slice(name)
+            if view.get_dtype() not in _ST_DTYPES:
                 raise CheckpointError(
-                    f"{path}: tensor {name!r} has unsupported dtype {info.get('dtype')}"
+                    f"{path}: tensor {name!r} has unsupported dtype {view.get_dtype()}"
                 )
-            begin, end = info["data_offsets"]
-            dtype = _ST_DTYPES[info["dtype"]]
-            shape = tuple(info["shape"])
-            if end - begin != int(np.prod(shape)) * dtype.itemsize or 8 + n + end > size:
-                raise CheckpointError(
-                    f"{path}: tensor {name!r} bytes [{begin}, {end}) do not fit shape {shape} "
-                    f"{info['dtype']} within the file ({size} bytes; truncated?)"
-                )
-            out[name] = _TensorInfo(path, dtype, shape, 8 + n + begin, end - begin)
+            out[name] = _TensorInfo(path, _ST_DTYPES[view.get_dtype()], tuple(view.get_shape()))
         return out
 
     def info(self, name: str) -> _TensorInfo:
@@ -314,10 +299,10 @@ class SafetensorsReader:
 
     def read(self, name: str) -> np.ndarray:
         t = self.info(name)
-        arr = np.fromfile(
-            t.file, dtype=t.dtype, count=t.nbytes // t.dtype.itemsize, offset=t.offset
-        )
-        return arr.reshape(t.shape)
+        try:
+            return self._handles[t.file].get_tensor(name)
+        except safetensors.SafetensorError as e:
+            raise CheckpointError(f"{t.file}: tensor {name!r} unreadable ({e})") from e
 
 
 def _write_safetensors(
@@ -325,29 +310,17 @@ def _write_safetensors(
     tensors: list[tuple[str, tuple[int, ...], np.dtype]],
     fetch: Callable[[str], np.ndarray],
 ) -> None:
-    """Writes tensors fetched one at a time; the header is laid out from shapes first."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
+    """Writes one file of tensors fetched one at a time (the file's tensors are held until
+    it is written: `save_hf`'s `max_shard_bytes` bounds the host memory)."""
+    arrays = {}
     for name, shape, dtype in tensors:
-        nbytes = int(np.prod(shape)) * dtype.itemsize
-        header[name] = {
-            "dtype": _ST_NAMES[dtype],
-            "shape": list(shape),
-            "data_offsets": [offset, offset + nbytes],
-        }
-        offset += nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(blob)))
-        fh.write(blob)
-        for name, shape, dtype in tensors:
-            arr = np.ascontiguousarray(fetch(name), dtype=dtype)
-            if arr.shape != tuple(shape):
-                raise CheckpointError(
-                    f"{path}: tensor {name!r} has shape {arr.shape}, expected {shape}"
-                )
-            fh.write(arr.tobytes())
+        arr = np.ascontiguousarray(fetch(name), dtype=dtype)
+        if arr.shape != tuple(shape):
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has shape {arr.shape}, expected {shape}"
+            )
+        arrays[name] = arr
+    safetensors.numpy.save_file(arrays, str(path), metadata={"format": "pt"})
 
 
 # ----------------------------------------------------------------------------- load / save

@@ -1,4 +1,4 @@
-"""RL stage: group advantages, reward-token sampling, the policy loss and the fused step."""
+"""RL building blocks: group advantages, reward-token draws, the policy loss, the fused step."""
 
 from rcgrpo_jax.rl.advantages import (
     HIGH,

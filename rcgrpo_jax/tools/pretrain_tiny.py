@@ -55,27 +55,26 @@ def demo_success(config, export: Path) -> float:
     (what a demo from this base would call `base`)."""
     import ml_collections
 
-    from rcgrpo_jax import runtime
     from rcgrpo_jax.envs import synthetic
-    from rcgrpo_jax.eval import success_rate
+    from rcgrpo_jax.stages import setup
+    from rcgrpo_jax.stages.eval import success_rate
 
     demo = ml_collections.ConfigDict(config.to_dict())
     demo.env.synthetic.difficulty.templates = synthetic.BASE_DEMO_TEMPLATES
     demo.model.hf_path, demo.tokenizer_path = str(export), ""
-    mesh = runtime.mesh_from_config(demo)
-    tokenizer = runtime.tokenizer_from_config(demo)
-    model = runtime.model_from_config(demo, mesh)
-    entries = runtime.task_entries(demo, "test")[: int(demo.rctp.eval_entries) or None]
+    mesh = setup.mesh_from_config(demo)
+    tokenizer = setup.tokenizer_from_config(demo)
+    model = setup.model_from_config(demo, mesh)
+    entries = setup.task_entries(demo, "test")[: int(demo.rctp.eval_entries) or None]
     return success_rate(demo, model, tokenizer, mesh, entries, None)
 
 
 def main(argv: list[str]) -> int:
     del argv
     logs.configure(verbose=flags.FLAGS["verbosity"].present)
-    from rcgrpo_jax import runtime
     from rcgrpo_jax.envs import tiny_tokenizer
-    from rcgrpo_jax.runtime import UserError
-    from rcgrpo_jax.train import sft
+    from rcgrpo_jax.errors import UserError
+    from rcgrpo_jax.stages import setup, sft
 
     config = _CONFIG.value
     workdir, out = Path(_WORKDIR.value), Path(_OUT.value)
@@ -84,7 +83,7 @@ def main(argv: list[str]) -> int:
         config_check.validate(config)
         if config.stage != "sft" or config.model.hf_path:
             raise UserError("the pretraining config must be stage 'sft' from the random init")
-        tasks = runtime.task_entries(config, "train")
+        tasks = setup.task_entries(config, "train")
         vocab = int(config.model.arch.vocab_size)
         tokenizer = tiny_tokenizer.load_or_train(workdir, tasks, vocab_size=vocab)
         print(f"tokenizer: {len(tokenizer)} pieces, {workdir / tiny_tokenizer.SUBDIR}", flush=True)

@@ -41,7 +41,7 @@ def interval(values: list[float]) -> dict[str, float]:
 
 def aggregate(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """Per arm: final held-out success and RL change, as mean ± 95% CI over the seeds."""
-    from rcgrpo_jax.experiment import RL_ARMS
+    from rcgrpo_jax.stages.all import RL_ARMS
 
     arms: dict[str, Any] = {}
     names = list(next(iter(per_seed.values()))["arms"])
@@ -94,8 +94,8 @@ def format_report(per_seed: dict[int, dict[str, Any]], agg: dict[str, Any]) -> s
 def main(argv: list[str]) -> int:
     del argv
     logs.configure(verbose=flags.FLAGS["verbosity"].present)
-    from rcgrpo_jax import experiment
-    from rcgrpo_jax.runtime import UserError
+    from rcgrpo_jax.errors import UserError
+    from rcgrpo_jax.stages import all as experiment
 
     config = _CONFIG.value
     workdir = Path(_WORKDIR.value)

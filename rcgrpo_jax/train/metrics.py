@@ -29,8 +29,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.models import ModelConfig
-from rcgrpo_jax.runtime import UserError
 
 
 class OutputError(UserError):

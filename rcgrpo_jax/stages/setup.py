@@ -1,4 +1,4 @@
-"""What every stage needs from a config: the mesh, the model, the workdir; and user errors."""
+"""What every stage needs from a config: the mesh, the model, the workdir."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ from typing import Any
 
 import ml_collections
 
-
-class UserError(Exception):
-    """A problem with the user's config or inputs: reported as one line, without a traceback."""
+from rcgrpo_jax.errors import UserError  # noqa: F401  (stages raise and catch it from here too)
 
 
 def workdir(config: ml_collections.ConfigDict, config_name: str = "run") -> Path:

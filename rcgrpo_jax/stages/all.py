@@ -28,7 +28,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from rcgrpo_jax import runtime
+from rcgrpo_jax.stages import setup
 from rcgrpo_jax.train import plots
 from rcgrpo_jax.train.metrics import read_jsonl, write_atomic
 
@@ -73,17 +73,17 @@ def _run_once(c: ml_collections.ConfigDict, fn, what: str) -> dict[str, Any]:
 
 def _base_success(config: ml_collections.ConfigDict) -> float:
     """Held-out success of the initial model (no training)."""
-    from rcgrpo_jax.eval import success_rate
+    from rcgrpo_jax.stages.eval import success_rate
 
     c = _sub(config, "eval", "base")
     done = Path(c.workdir) / "summary.json"
     if done.exists():
         return json.loads(done.read_text())["heldout_success"]
     Path(c.workdir).mkdir(parents=True, exist_ok=True)
-    mesh = runtime.mesh_from_config(c)
-    tokenizer = runtime.tokenizer_from_config(c)
-    model = runtime.model_from_config(c, mesh)
-    entries = runtime.task_entries(c, "test")[: int(c.eval.max_entries) or None]
+    mesh = setup.mesh_from_config(c)
+    tokenizer = setup.tokenizer_from_config(c)
+    model = setup.model_from_config(c, mesh)
+    entries = setup.task_entries(c, "test")[: int(c.eval.max_entries) or None]
     rate = success_rate(c, model, tokenizer, mesh, entries, None)
     write_atomic(done, json.dumps({"heldout_success": rate}) + "\n")  # "done" marks the arm
     return rate
@@ -174,15 +174,15 @@ def format_targets(t: dict[str, Any]) -> str:
 
 
 def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    from rcgrpo_jax.rl import loop as rl_loop
-    from rcgrpo_jax.train import sft
+    from rcgrpo_jax.stages import rl as rl_loop
+    from rcgrpo_jax.stages import sft
 
     t0 = time.time()
     workdir = Path(config.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     if not config.tokenizer_path and not config.model.hf_path:  # one tokenizer for every stage
         config = ml_collections.ConfigDict(config.to_dict())
-        runtime.tokenizer_from_config(config)
+        setup.tokenizer_from_config(config)
         config.tokenizer_path = str(workdir / "tokenizer")
     base = _base_success(config)
     print(f"base: held-out success {base:.1%} (the initial model)", flush=True)

@@ -24,7 +24,7 @@ from typing import Any
 from rcgrpo_jax.envs import bfcl
 from rcgrpo_jax.envs.entries import normalize_category
 from rcgrpo_jax.envs.reward import ERROR_TYPES, RewardResult
-from rcgrpo_jax.runtime import UserError
+from rcgrpo_jax.errors import UserError
 
 _MISSING = object()
 
@@ -68,11 +68,11 @@ def select_entries(split: str, categories: Sequence[str], max_entries: int) -> l
 def synthetic_entries(config: Any, split: str, max_entries: int) -> list[bfcl.Entry]:
     """The synthetic benchmark's tasks of `split` ('train', 'test' or 'all'), at most
     `max_entries` (0 = all)."""
-    from rcgrpo_jax import runtime
+    from rcgrpo_jax.stages import setup
 
     _check_split(split)
     splits = ("train", "test") if split == "all" else (split,)
-    entries = [e for s in splits for e in runtime.task_entries(config, s)]
+    entries = [e for s in splits for e in setup.task_entries(config, s)]
     return entries[:max_entries] if max_entries > 0 else entries
 
 
@@ -89,7 +89,7 @@ def make_policy(
         )
     if generate_fn is None or tokenizer is None:
         raise ModelPolicyUnavailable(
-            "eval.policy='model' needs a sampler: call rcgrpo_jax.eval.run(config, "
+            "eval.policy='model' needs a sampler: call rcgrpo_jax.stages.eval.run(config, "
             "generate_fn=..., tokenizer=...) where generate_fn(prompts: list[list[int]]) -> "
             "list[list[int]] returns the new tokens of each prompt (e.g. sampling.generate(cfg, "
             "params, prompts, max_new_tokens, stop_token_ids=(end-of-turn id,)).tokens)."
@@ -177,9 +177,9 @@ def _model_rollouts(
     Entries whose prompt alone does not fit `eval.max_len` are left out (said once)."""
     import numpy as np
 
-    from rcgrpo_jax import runtime
     from rcgrpo_jax.rl.advantages import NONE
     from rcgrpo_jax.rl.rollout import RolloutSettings, collect
+    from rcgrpo_jax.stages import setup
 
     cfg, params = model
     token = _cfg(config, "eval.reward_token", None)
@@ -190,7 +190,7 @@ def _model_rollouts(
         temperature=float(_cfg(config, "eval.temperature", 0.0)),
         max_steps_per_turn=int(_cfg(config, "env.max_steps_per_turn", bfcl.MAX_STEPS_PER_TURN)),
     )
-    entries = runtime.fitting_entries(
+    entries = setup.fitting_entries(
         entries, tokenizer, settings.chat_format, settings.max_len,
         "evaluation entries for eval.max_len",
     )  # fmt: skip
@@ -249,11 +249,11 @@ def run(
     batch_size = int(_cfg(config, "eval.batch_size", 0))
     use_rollouts = policy_name == "model" and generate_fn is None
     if use_rollouts:
-        from rcgrpo_jax import runtime
+        from rcgrpo_jax.stages import setup
 
-        mesh = mesh if mesh is not None else runtime.mesh_from_config(config)
-        model = model if model is not None else runtime.model_from_config(config, mesh)
-        tokenizer = tokenizer if tokenizer is not None else runtime.tokenizer_from_config(config)
+        mesh = mesh if mesh is not None else setup.mesh_from_config(config)
+        model = model if model is not None else setup.model_from_config(config, mesh)
+        tokenizer = tokenizer if tokenizer is not None else setup.tokenizer_from_config(config)
     else:
         policy = make_policy(policy_name, generate_fn, tokenizer, batch_size)
 

@@ -16,15 +16,17 @@ from typing import Any
 import jax
 import ml_collections
 
-from rcgrpo_jax import models, runtime
+from rcgrpo_jax import models
 from rcgrpo_jax.data import store
 from rcgrpo_jax.data.loader import train_loader
+from rcgrpo_jax.data.packing import ExampleTooLongError
 from rcgrpo_jax.data.trajectories import build_rctp_dataset
-from rcgrpo_jax.eval import success_rate
 from rcgrpo_jax.rl.advantages import HIGH, LOW
+from rcgrpo_jax.stages import setup
+from rcgrpo_jax.stages.eval import success_rate
 from rcgrpo_jax.train.checkpoint import Checkpointer
 from rcgrpo_jax.train.loop import restore_or_init, train_loop
-from rcgrpo_jax.train.losses import ExampleTooLongError, make_sft_loss
+from rcgrpo_jax.train.losses import make_sft_loss
 from rcgrpo_jax.train.metrics import MetricsWriter, flops_per_token
 from rcgrpo_jax.train.optim import OptimConfig, make_optimizer, make_schedule
 from rcgrpo_jax.train.state import (
@@ -71,7 +73,7 @@ def dataset(config, tokenizer, workdir: Path, rctp: bool, policy=None) -> tuple[
         return report["dataset_dir"], report
     c = ml_collections.ConfigDict(config.to_dict())
     c.rctp.enabled = rctp
-    entries = runtime.task_entries(config, "train")
+    entries = setup.task_entries(config, "train")
     report = build_rctp_dataset(c, tokenizer, entries, out, policy=policy, overwrite=True)
     report_path.write_text(json.dumps(report, indent=1, default=str) + "\n")
     return report["dataset_dir"], report
@@ -92,21 +94,21 @@ def too_long_message(config: ml_collections.ConfigDict, length: int, workdir: Pa
 def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     stage = config.stage
     if stage not in ("sft", "rctp"):
-        raise runtime.UserError(f"train.sft runs stages sft/rctp, not {stage!r}")
+        raise setup.UserError(f"stages.sft runs stages sft/rctp, not {stage!r}")
     rctp = stage == "rctp"
     workdir = Path(config.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    mesh = runtime.mesh_from_config(config)
-    tokenizer = runtime.tokenizer_from_config(config)
-    cfg, params = runtime.model_from_config(config, mesh)
+    mesh = setup.mesh_from_config(config)
+    tokenizer = setup.tokenizer_from_config(config)
+    cfg, params = setup.model_from_config(config, mesh)
     policy = None
     if rctp and int(config.rctp.rollouts_per_entry) > 0:
         policy = rollout_policy(config, (cfg, params), tokenizer, mesh)
     dataset_dir, report = dataset(config, tokenizer, workdir, rctp, policy)
     if rctp:
-        cfg, params, _ = runtime.ensure_reward_tokens(cfg, params, tokenizer, mesh)
+        cfg, params, _ = setup.ensure_reward_tokens(cfg, params, tokenizer, mesh)
     elif len(tokenizer) > cfg.vocab_size:
-        raise runtime.UserError(
+        raise setup.UserError(
             f"tokenizer has {len(tokenizer)} tokens > model vocab {cfg.vocab_size}"
         )
 
@@ -127,7 +129,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             shard_index=jax.process_index(), shard_count=jax.process_count(),
         )  # fmt: skip
     except ExampleTooLongError as e:
-        raise runtime.UserError(too_long_message(config, e.length, workdir)) from None
+        raise setup.UserError(too_long_message(config, e.length, workdir)) from None
     data_iter = iter(loader)
     ckpt = Checkpointer(
         workdir / "checkpoints",
@@ -164,7 +166,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     }  # fmt: skip
     n_eval = int(config.rctp.eval_entries)
     if n_eval:
-        heldout = runtime.task_entries(config, "test")[:n_eval]
+        heldout = setup.task_entries(config, "test")[:n_eval]
         model = (cfg, state.params)
         tokens = {"high": HIGH, "low": LOW} if rctp else {"none": None}
         summary["heldout_success"] = {

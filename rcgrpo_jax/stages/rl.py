@@ -34,12 +34,13 @@ import jax
 import ml_collections
 import numpy as np
 
-from rcgrpo_jax import distributed, models, runtime
-from rcgrpo_jax.eval import success_rate
+from rcgrpo_jax import distributed, models
 from rcgrpo_jax.rl.advantages import HIGH, NONE, degenerate_groups, sample_reward_tokens
 from rcgrpo_jax.rl.losses import PolicyLossConfig, summarize
 from rcgrpo_jax.rl.rollout import RolloutSettings, collect
 from rcgrpo_jax.rl.train_step import make_rl_step, sequence_logprobs
+from rcgrpo_jax.stages import setup
+from rcgrpo_jax.stages.eval import success_rate
 from rcgrpo_jax.train import plots
 from rcgrpo_jax.train.checkpoint import Checkpointer
 from rcgrpo_jax.train.metrics import JsonlLog, MetricsWriter, write_atomic, writing
@@ -60,11 +61,11 @@ def _updates_per_iteration(rl: ml_collections.ConfigDict) -> int:
 
 def _check(rl: ml_collections.ConfigDict, algo: str) -> None:
     if rl.num_prompts % rl.minibatches:
-        raise runtime.UserError(
+        raise setup.UserError(
             f"rl.num_prompts={rl.num_prompts} is not divisible by rl.minibatches={rl.minibatches}"
         )
     if algo == "rcgrpo" and rl.stratified and rl.group_size < 2:
-        raise runtime.UserError("rl.stratified needs rl.group_size >= 2")
+        raise setup.UserError("rl.stratified needs rl.group_size >= 2")
 
 
 def reward_tokens_for(algo: str, rl: ml_collections.ConfigDict, seed: int, iteration: int):
@@ -106,20 +107,20 @@ def _global(x: np.ndarray, mesh) -> jax.Array:
 def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     algo = config.stage
     if algo not in ("grpo", "rcgrpo"):
-        raise runtime.UserError(f"rl.loop runs stages grpo/rcgrpo, not {algo!r}")
+        raise setup.UserError(f"stages.rl runs stages grpo/rcgrpo, not {algo!r}")
     rl = config.rl
     _check(rl, algo)
     workdir = Path(config.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    mesh = runtime.mesh_from_config(config)
-    tokenizer = runtime.tokenizer_from_config(config, rl.init_from)
-    cfg, params = runtime.model_from_config(config, mesh, hf_path=rl.init_from)
-    cfg, params, _ = runtime.ensure_reward_tokens(cfg, params, tokenizer, mesh)
-    train_pool = runtime.fitting_entries(
-        runtime.task_entries(config, "train"), tokenizer, config.model.chat_format,
+    mesh = setup.mesh_from_config(config)
+    tokenizer = setup.tokenizer_from_config(config, rl.init_from)
+    cfg, params = setup.model_from_config(config, mesh, hf_path=rl.init_from)
+    cfg, params, _ = setup.ensure_reward_tokens(cfg, params, tokenizer, mesh)
+    train_pool = setup.fitting_entries(
+        setup.task_entries(config, "train"), tokenizer, config.model.chat_format,
         int(rl.max_len), "training entries for rl.max_len",
     )  # fmt: skip
-    test_pool = runtime.task_entries(config, "test")
+    test_pool = setup.task_entries(config, "test")
     if config.eval.max_entries:
         test_pool = test_pool[: int(config.eval.max_entries)]
 

@@ -1,0 +1,106 @@
+"""Whole examples into fixed-length rows: first-fit packing, or one per row padded to a bucket.
+
+The rows carry the batch layout the losses read (`train.losses`): tokens, loss_mask, segments
+(1, 2, ... per example in a row, 0 = padding) and positions (restarting at 0 per segment).
+Examples are never split or truncated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+
+def bucket_length(n: int, buckets: Sequence[int]) -> int:
+    """Smallest bucket ≥ n. Longer than every bucket is an error: we never truncate silently
+    (a cut trajectory would train on a conversation the environment never produced)."""
+    for b in sorted(buckets):
+        if n <= b:
+            return int(b)
+    raise ValueError(
+        f"example of length {n} exceeds the largest bucket {max(buckets)}; "
+        f"raise the bucket/row length or filter long examples upstream"
+    )
+
+
+class ExampleTooLongError(ValueError):
+    """An example longer than the row it should be packed into (examples are never split)."""
+
+    def __init__(self, index: int, length: int, row_len: int) -> None:
+        super().__init__(
+            f"example {index} has {length} tokens > row length {row_len}; examples are never split"
+        )
+        self.index, self.length, self.row_len = index, length, row_len
+
+
+def pack_examples(
+    examples: Sequence[Mapping[str, Any]],
+    row_len: int,
+    *,
+    pad_id: int = 0,
+) -> dict[str, np.ndarray]:
+    """First-fit packing of whole examples into rows of `row_len` tokens.
+
+    examples: dicts with `tokens` and `loss_mask` (1-D, same length). Returns numpy
+    tokens/loss_mask/segments/positions [R, row_len] plus `example_row`/`example_segment` [N]
+    telling where each input went. Examples are never split; one longer than `row_len` raises
+    `ExampleTooLongError`.
+    Deterministic: the same input order gives the same rows.
+    """
+    lengths = [len(e["tokens"]) for e in examples]
+    for i, n in enumerate(lengths):
+        if n > row_len:
+            raise ExampleTooLongError(i, n, row_len)
+        if n == 0:
+            raise ValueError(f"example {i} is empty")
+    free: list[int] = []  # remaining room per row
+    rows: list[list[int]] = []
+    for i, n in enumerate(lengths):
+        for r, room in enumerate(free):
+            if n <= room:
+                rows[r].append(i)
+                free[r] -= n
+                break
+        else:
+            rows.append([i])
+            free.append(row_len - n)
+    out = {
+        "tokens": np.full((len(rows), row_len), pad_id, np.int32),
+        "loss_mask": np.zeros((len(rows), row_len), np.int32),
+        "segments": np.zeros((len(rows), row_len), np.int32),
+        "positions": np.zeros((len(rows), row_len), np.int32),
+    }
+    ex_row = np.zeros(len(examples), np.int32)
+    ex_seg = np.zeros(len(examples), np.int32)
+    for r, members in enumerate(rows):
+        at = 0
+        for seg, i in enumerate(members, start=1):
+            n = lengths[i]
+            out["tokens"][r, at : at + n] = np.asarray(examples[i]["tokens"])
+            out["loss_mask"][r, at : at + n] = np.asarray(examples[i]["loss_mask"])
+            out["segments"][r, at : at + n] = seg
+            out["positions"][r, at : at + n] = np.arange(n)
+            ex_row[i], ex_seg[i] = r, seg
+            at += n
+    out["example_row"], out["example_segment"] = ex_row, ex_seg
+    return out
+
+
+def pad_examples(
+    examples: Sequence[Mapping[str, Any]], buckets: Sequence[int], *, pad_id: int = 0
+) -> dict[str, np.ndarray]:
+    """One example per row, right-padded to the bucket of the longest (bucketing, no packing)."""
+    length = bucket_length(max(len(e["tokens"]) for e in examples), buckets)
+    out = {
+        k: np.full((len(examples), length), pad_id if k == "tokens" else 0, np.int32)
+        for k in ("tokens", "loss_mask", "segments", "positions")
+    }
+    for r, e in enumerate(examples):
+        n = len(e["tokens"])
+        out["tokens"][r, :n] = np.asarray(e["tokens"])
+        out["loss_mask"][r, :n] = np.asarray(e["loss_mask"])
+        out["segments"][r, :n] = 1
+        out["positions"][r, :n] = np.arange(n)
+    return out
