@@ -418,6 +418,7 @@ def test_prompts_longer_than_max_len_are_left_out_once(qwen_model, capsys):
 
     from rcgrpo_jax import config as config_lib
     from rcgrpo_jax import models
+    from rcgrpo_jax.errors import UserError
     from rcgrpo_jax.stages import setup
     from rcgrpo_jax.stages.eval import success_rate
 
@@ -433,7 +434,7 @@ def test_prompts_longer_than_max_len_are_left_out_once(qwen_model, capsys):
     err = capsys.readouterr().err
     note = f"note: {len(entries) - len(kept)} of {len(entries)} {what}={max_len} left out"
     assert err.count(note) == 1, err
-    with pytest.raises(setup.UserError, match="every prompt is longer"):
+    with pytest.raises(UserError, match="every prompt is longer"):
         setup.fitting_entries(entries, tok, "qwen", min(lengths), what)
 
     c = config_lib.base_config()

@@ -12,7 +12,7 @@ from conftest import REPO
 
 from rcgrpo_jax import config as config_lib
 from rcgrpo_jax import config_check
-from rcgrpo_jax.stages.setup import UserError
+from rcgrpo_jax.errors import UserError
 
 
 def _load(name: str):

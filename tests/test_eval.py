@@ -9,8 +9,8 @@ import pytest
 
 from rcgrpo_jax.envs import bfcl, prompts
 from rcgrpo_jax.envs.reward import EMPTY_TURN
+from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.stages import eval as eval_stage
-from rcgrpo_jax.stages.setup import UserError
 
 
 def make_config(workdir, **eval_overrides) -> ml_collections.ConfigDict:

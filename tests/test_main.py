@@ -10,6 +10,7 @@ import pytest
 from conftest import REPO
 
 from rcgrpo_jax import config as config_lib
+from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.stages import setup
 
 
@@ -70,10 +71,10 @@ def test_mesh_from_config_fills_and_rejects():
     c.mesh.shape = (2, -1, 1)
     assert dict(setup.mesh_from_config(c).shape) == {"data": 2, "fsdp": 4, "tensor": 1}
     c.mesh.shape = (3, -1, 1)
-    with pytest.raises(setup.UserError, match="does not divide 8 devices"):
+    with pytest.raises(UserError, match="does not divide 8 devices"):
         setup.mesh_from_config(c)
     c.mesh.shape = (2, 2, 1)
-    with pytest.raises(setup.UserError, match="uses 4 of 8 devices"):
+    with pytest.raises(UserError, match="uses 4 of 8 devices"):
         setup.mesh_from_config(c)
 
 
@@ -87,5 +88,5 @@ def test_random_model_from_config_is_sharded():
     assert wq.shape == (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.head_dim)
     assert tuple(wq.sharding.spec) == (None, "fsdp", "tensor", None)
     c.model.arch.num_heads = 3
-    with pytest.raises(setup.UserError, match="not a multiple of num_kv_heads"):
+    with pytest.raises(UserError, match="not a multiple of num_kv_heads"):
         setup.model_from_config(c)

@@ -15,7 +15,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import pytest
 
-from rcgrpo_jax.stages.setup import UserError
+from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.train import checkpoint, metrics
 from rcgrpo_jax.train.metrics import JsonlLog, MetricsWriter, OutputError, write_atomic
 

@@ -16,7 +16,7 @@ the agent's results.
 
 Train and test tasks are disjoint by RNG stream and by every name: root, folders, files,
 keywords and contents come from disjoint sets of two-syllable names (`NAMES`); with
-`Difficulty.name_roles`, the content words are shared by both splits (`_taker`). Generation is
+`Difficulty.name_roles`, the content words (`ROLE_WORDS`) are shared by both splits. Generation is
 deterministic given the arguments, and each task is kept only if the ground truth scores 1.0
 and the empty policy 0.0 through `Episode`.
 """
@@ -83,6 +83,7 @@ ROLE_NAMES = {
     }
     for r, role in enumerate(ROLES)
 }
+ROLE_WORDS = tuple(a + b for a in SYLLABLES[30:] for b in SYLLABLES[30:])  # file contents
 
 
 def _doc(name: str, description: str, required: Sequence[str] = (), **optional: Any) -> dict:
@@ -158,7 +159,7 @@ def _content(rng: random.Random, words: Sequence[str]) -> str:
 Take = Callable[..., str]  # take(role) -> a fresh name for "dir", "file" or "new" (`ROLES`)
 
 
-def _taker(rng: random.Random, split: str, size: int, roles: bool) -> tuple[Take, list[str]]:
+def _taker(rng: random.Random, split: str, size: int, roles: bool) -> tuple[Take, Sequence[str]]:
     """A task's supply of fresh names, and the words file contents are made of."""
     if not roles:
         pool = rng.sample(NAMES[split], size)
@@ -174,7 +175,7 @@ def _taker(rng: random.Random, split: str, size: int, roles: bool) -> tuple[Take
             )
         return pools[role].pop()
 
-    return take, [a + b for a in SYLLABLES[30:] for b in SYLLABLES[30:]]
+    return take, ROLE_WORDS
 
 
 def _folder(rng, take: Take, words, level: int, diff: Difficulty) -> dict[str, Any]:

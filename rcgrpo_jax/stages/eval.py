@@ -25,6 +25,7 @@ from rcgrpo_jax.envs import bfcl
 from rcgrpo_jax.envs.entries import normalize_category
 from rcgrpo_jax.envs.reward import ERROR_TYPES, RewardResult
 from rcgrpo_jax.errors import UserError
+from rcgrpo_jax.stages import setup
 
 _MISSING = object()
 
@@ -68,8 +69,6 @@ def select_entries(split: str, categories: Sequence[str], max_entries: int) -> l
 def synthetic_entries(config: Any, split: str, max_entries: int) -> list[bfcl.Entry]:
     """The synthetic benchmark's tasks of `split` ('train', 'test' or 'all'), at most
     `max_entries` (0 = all)."""
-    from rcgrpo_jax.stages import setup
-
     _check_split(split)
     splits = ("train", "test") if split == "all" else (split,)
     entries = [e for s in splits for e in setup.task_entries(config, s)]
@@ -179,7 +178,6 @@ def _model_rollouts(
 
     from rcgrpo_jax.rl.advantages import NONE
     from rcgrpo_jax.rl.rollout import RolloutSettings, collect
-    from rcgrpo_jax.stages import setup
 
     cfg, params = model
     token = _cfg(config, "eval.reward_token", None)
@@ -249,8 +247,6 @@ def run(
     batch_size = int(_cfg(config, "eval.batch_size", 0))
     use_rollouts = policy_name == "model" and generate_fn is None
     if use_rollouts:
-        from rcgrpo_jax.stages import setup
-
         mesh = mesh if mesh is not None else setup.mesh_from_config(config)
         model = model if model is not None else setup.model_from_config(config, mesh)
         tokenizer = tokenizer if tokenizer is not None else setup.tokenizer_from_config(config)

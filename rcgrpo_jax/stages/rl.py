@@ -35,6 +35,7 @@ import ml_collections
 import numpy as np
 
 from rcgrpo_jax import distributed, models
+from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.rl.advantages import HIGH, NONE, degenerate_groups, sample_reward_tokens
 from rcgrpo_jax.rl.losses import PolicyLossConfig, summarize
 from rcgrpo_jax.rl.rollout import RolloutSettings, collect
@@ -61,11 +62,11 @@ def _updates_per_iteration(rl: ml_collections.ConfigDict) -> int:
 
 def _check(rl: ml_collections.ConfigDict, algo: str) -> None:
     if rl.num_prompts % rl.minibatches:
-        raise setup.UserError(
+        raise UserError(
             f"rl.num_prompts={rl.num_prompts} is not divisible by rl.minibatches={rl.minibatches}"
         )
     if algo == "rcgrpo" and rl.stratified and rl.group_size < 2:
-        raise setup.UserError("rl.stratified needs rl.group_size >= 2")
+        raise UserError("rl.stratified needs rl.group_size >= 2")
 
 
 def reward_tokens_for(algo: str, rl: ml_collections.ConfigDict, seed: int, iteration: int):
@@ -107,7 +108,7 @@ def _global(x: np.ndarray, mesh) -> jax.Array:
 def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     algo = config.stage
     if algo not in ("grpo", "rcgrpo"):
-        raise setup.UserError(f"stages.rl runs stages grpo/rcgrpo, not {algo!r}")
+        raise UserError(f"stages.rl runs stages grpo/rcgrpo, not {algo!r}")
     rl = config.rl
     _check(rl, algo)
     workdir = Path(config.workdir)

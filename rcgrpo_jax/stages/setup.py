@@ -11,7 +11,7 @@ from typing import Any
 
 import ml_collections
 
-from rcgrpo_jax.errors import UserError  # noqa: F401  (stages raise and catch it from here too)
+from rcgrpo_jax.errors import UserError
 
 
 def workdir(config: ml_collections.ConfigDict, config_name: str = "run") -> Path:

@@ -21,6 +21,7 @@ from rcgrpo_jax.data import store
 from rcgrpo_jax.data.loader import train_loader
 from rcgrpo_jax.data.packing import ExampleTooLongError
 from rcgrpo_jax.data.trajectories import build_rctp_dataset
+from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.rl.advantages import HIGH, LOW
 from rcgrpo_jax.stages import setup
 from rcgrpo_jax.stages.eval import success_rate
@@ -94,7 +95,7 @@ def too_long_message(config: ml_collections.ConfigDict, length: int, workdir: Pa
 def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     stage = config.stage
     if stage not in ("sft", "rctp"):
-        raise setup.UserError(f"stages.sft runs stages sft/rctp, not {stage!r}")
+        raise UserError(f"stages.sft runs stages sft/rctp, not {stage!r}")
     rctp = stage == "rctp"
     workdir = Path(config.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -108,9 +109,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     if rctp:
         cfg, params, _ = setup.ensure_reward_tokens(cfg, params, tokenizer, mesh)
     elif len(tokenizer) > cfg.vocab_size:
-        raise setup.UserError(
-            f"tokenizer has {len(tokenizer)} tokens > model vocab {cfg.vocab_size}"
-        )
+        raise UserError(f"tokenizer has {len(tokenizer)} tokens > model vocab {cfg.vocab_size}")
 
     train = config.train
     optim_cfg = OptimConfig.from_dict(train.optim, default_total_steps=int(train.steps))
@@ -129,7 +128,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             shard_index=jax.process_index(), shard_count=jax.process_count(),
         )  # fmt: skip
     except ExampleTooLongError as e:
-        raise setup.UserError(too_long_message(config, e.length, workdir)) from None
+        raise UserError(too_long_message(config, e.length, workdir)) from None
     data_iter = iter(loader)
     ckpt = Checkpointer(
         workdir / "checkpoints",
