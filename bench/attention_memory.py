@@ -61,9 +61,10 @@ def child(a: argparse.Namespace) -> dict:
     import numpy as np
 
     from rcgrpo_jax import models
+    from rcgrpo_jax.config import base_config
     from rcgrpo_jax.models.sharding import use_mesh
-    from rcgrpo_jax.rl.losses import PolicyLossConfig
     from rcgrpo_jax.rl.train_step import make_rl_step
+    from rcgrpo_jax.stages.setup import objective_from_config
     from rcgrpo_jax.train.optim import OptimConfig, make_optimizer
     from rcgrpo_jax.train.state import init_train_state, shard_batch, state_shardings
 
@@ -81,7 +82,7 @@ def child(a: argparse.Namespace) -> dict:
     psh = models.param_shardings(cfg, mesh)
     state = init_train_state(params, optimizer, 0, mesh=mesh, param_shardings=psh)
     step = make_rl_step(
-        cfg, PolicyLossConfig(), optimizer, mesh=mesh,
+        cfg, objective_from_config(base_config().rl), optimizer, mesh=mesh,
         shardings=state_shardings(optimizer, psh, mesh, params),
     )  # fmt: skip
 

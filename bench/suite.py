@@ -273,7 +273,7 @@ def rl_batch(cfg, params, P: int, G: int, T: int, seed: int = 0) -> dict:
     }
 
 
-def ours_train(cfg, params, batch, loss_cfg, optim_cfg, steps: int):
+def ours_train(cfg, params, batch, objective, optim_cfg, steps: int):
     """(seconds per step, first-step loss, first-step grad norm) of our fused step."""
     import jax
 
@@ -287,7 +287,11 @@ def ours_train(cfg, params, batch, loss_cfg, optim_cfg, steps: int):
     psh = models.param_shardings(cfg, mesh)
     state = init_train_state(params, optimizer, 0, mesh=mesh, param_shardings=psh)
     step = make_rl_step(
-        cfg, loss_cfg, optimizer, mesh=mesh, shardings=state_shardings(optimizer, psh, mesh, params)
+        cfg,
+        objective,
+        optimizer,
+        mesh=mesh,
+        shardings=state_shardings(optimizer, psh, mesh, params),
     )
     jbatch = {k: jax.device_put(v) for k, v in batch.items()}
     state, m = step(state, jbatch)  # warm-up = the first step (compiles)
@@ -301,7 +305,7 @@ def ours_train(cfg, params, batch, loss_cfg, optim_cfg, steps: int):
     return best, loss, gnorm
 
 
-def torch_train(model, batch, loss_cfg, optim_cfg, steps: int, device, bf16: bool):
+def torch_train(model, batch, objective, optim_cfg, steps: int, device, bf16: bool):
     """The same clipped surrogate + clip-by-global-norm + AdamW in PyTorch eager on transformers'
     model; (seconds per step, first-step loss, first-step grad norm)."""
     import contextlib
@@ -337,10 +341,10 @@ def torch_train(model, batch, loss_cfg, optim_cfg, steps: int, device, bf16: boo
         mu = rewards.mean(1, keepdim=True)
         sigma = (rewards - mu).square().mean(1, keepdim=True).sqrt()
         degenerate = (rewards == rewards[:, :1]).all(1, keepdim=True)
-        adv = torch.where(degenerate, 0.0, (rewards - mu) / (sigma + loss_cfg.adv_eps))
+        adv = torch.where(degenerate, 0.0, (rewards - mu) / (sigma + objective.adv_eps))
         adv = adv.reshape(P * G, 1)
         ratio_ = torch.exp(logp - old)
-        clipped = ratio_.clamp(1.0 - loss_cfg.clip_low, 1.0 + loss_cfg.clip_high)
+        clipped = ratio_.clamp(1.0 - objective.clip_low, 1.0 + objective.clip_high)
         per_token = -torch.minimum(ratio_ * adv, clipped * adv)
         loss = (per_token * mask).sum() / mask.sum().clamp(min=1.0)
         loss.backward()
@@ -429,7 +433,8 @@ def main(argv=None) -> int:
     import sampler as sb  # bench/sampler.py: make_model, hf_generate, rollout plan and loops
 
     from rcgrpo_jax import models, sampling
-    from rcgrpo_jax.rl.losses import PolicyLossConfig
+    from rcgrpo_jax.config import base_config
+    from rcgrpo_jax.stages.setup import objective_from_config
     from rcgrpo_jax.tools import plan
     from rcgrpo_jax.train.optim import OptimConfig
 
@@ -548,15 +553,15 @@ def main(argv=None) -> int:
 
     # ---- train step
     P, G, T = mode["P"], mode["G"], mode["T"]
-    loss_cfg = PolicyLossConfig()
+    objective = objective_from_config(base_config().rl)  # grpo: what torch_train mirrors
     optim_cfg = OptimConfig(lr=1e-5, total_steps=10**6, weight_decay=0.0, clip_norm=1.0)
     batch = rl_batch(cfg, params, P, G, T)
-    t_ours, loss_o, gn_o = ours_train(cfg_train, params, batch, loss_cfg, optim_cfg, mode["steps"])
+    t_ours, loss_o, gn_o = ours_train(cfg_train, params, batch, objective, optim_cfg, mode["steps"])
     t_hf = loss_h = gn_h = None
     if torch is not None:
         train_model = copy.deepcopy(hf_model).to(tdevice, torch.float32)
         t_hf, loss_h, gn_h = torch_train(
-            train_model, batch, loss_cfg, optim_cfg, mode["steps"], tdevice, bf16
+            train_model, batch, objective, optim_cfg, mode["steps"], tdevice, bf16
         )
         del train_model
     tokens = P * G * T

@@ -144,10 +144,23 @@ def base_config() -> ml_collections.ConfigDict:
     c.rl.top_p = 1.0
     c.rl.epochs = 1
     c.rl.minibatches = 1  # updates per epoch; each holds num_prompts/minibatches whole groups
+    # The policy loss (rl/losses.py OBJECTIVES): grpo (std-normalised advantages, token ratios,
+    # rl.aggregation) | dr_grpo (r - mean, sum / (sequences x rl.max_len)) | dapo (token-level
+    # over the batch) | gspo (one length-normalised ratio per sequence, its own clip range).
+    c.rl.objective = "grpo"
     c.rl.clip_low = 0.2
     c.rl.clip_high = 0.28
+    c.rl.gspo_clip_low = 3e-4  # gspo's sequence-ratio range [1 - low, 1 + high] (the paper's)
+    c.rl.gspo_clip_high = 4e-4
     c.rl.kl_beta = 0.0  # k3 KL to the initial policy
-    c.rl.aggregation = "token"  # token | sequence
+    c.rl.aggregation = "token"  # grpo: token | sequence
+    # Dynamic sampling (DAPO): drop groups whose rewards are all equal and roll out further
+    # prompts, up to dynamic_max_rounds rounds per iteration, until num_prompts groups remain.
+    c.rl.dynamic_sampling = False
+    c.rl.dynamic_max_rounds = 4  # rollout rounds per iteration, the first included
+    # Trajectories generated over the run (every round counts); the run stops when it is
+    # reached. 0 = steps x num_prompts x group_size, what a run without dynamic sampling makes.
+    c.rl.max_rollouts = 0
     c.rl.eval_every = 10  # iterations; 0 = never (RC-GRPO evaluates with <|high_reward|>)
     c.rl.checkpoint_every = 10
     c.rl.keep_checkpoints = 3

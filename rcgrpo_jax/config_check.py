@@ -152,6 +152,12 @@ def _attention() -> tuple[str, ...]:
     return ATTENTION_KINDS
 
 
+def _objectives() -> tuple[str, ...]:
+    from rcgrpo_jax.rl.losses import OBJECTIVES
+
+    return tuple(OBJECTIVES)
+
+
 def _categories() -> tuple[str, ...]:
     # Both spellings are accepted downstream (envs.entries.normalize_category).
     short = tuple(c.removeprefix("multi_turn_") for c in BFCL_CATEGORIES)
@@ -250,10 +256,16 @@ RULES: dict[str, Rule] = {
     "rl.top_p": number(0.0, 1.0, lo_open=True),
     "rl.epochs": integer(1),
     "rl.minibatches": integer(1),
+    "rl.objective": lambda v: choice(_objectives())(v),
     "rl.clip_low": number(0.0, 1.0),
     "rl.clip_high": number(0.0),
+    "rl.gspo_clip_low": number(0.0, 1.0),
+    "rl.gspo_clip_high": number(0.0),
     "rl.kl_beta": number(0.0),
     "rl.aggregation": choice(("token", "sequence")),
+    "rl.dynamic_sampling": boolean,
+    "rl.dynamic_max_rounds": integer(1),
+    "rl.max_rollouts": integer(0),
     "rl.eval_every": integer(0),
     "rl.checkpoint_every": integer(1),
     "rl.keep_checkpoints": integer(1),
@@ -290,6 +302,11 @@ def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
             )  # fmt: skip
         if c.rl.max_new_tokens >= c.rl.max_len:
             yield _fail("rl.max_new_tokens", c.rl.max_new_tokens, f"< rl.max_len={c.rl.max_len}")
+        if c.rl.aggregation != "token" and c.rl.objective != "grpo":
+            yield _fail(
+                "rl.aggregation", c.rl.aggregation,
+                f"'token' with rl.objective={c.rl.objective!r} (only grpo reads rl.aggregation)",
+            )  # fmt: skip
     if c.stage in ("sft", "rctp", "all") and c.train.batch_size % c.train.optim.grad_accum:
         yield _fail(
             "train.optim.grad_accum", c.train.optim.grad_accum,

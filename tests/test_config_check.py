@@ -50,6 +50,18 @@ def test_cross_key_rules():
     c.stage = "rcgrpo"
     with pytest.raises(UserError, match="rl.group_size=1: expected an integer >= 2"):
         config_check.validate(c)
+    c = _load("tiny")
+    c.rl.objective, c.rl.aggregation = "dapo", "sequence"
+    with pytest.raises(UserError, match="rl.aggregation='sequence': expected 'token' with rl.obj"):
+        config_check.validate(c)
+
+
+def test_objective_names_the_valid_ones():
+    c = _load("tiny")
+    c.rl.objective = "ppo"
+    with pytest.raises(UserError) as e:
+        config_check.validate(c)
+    assert str(e.value) == ("config.rl.objective='ppo': expected one of grpo, dr_grpo, dapo, gspo")
 
 
 # (override, key named in the one-line error)
@@ -75,6 +87,7 @@ BAD = [
     ("env.call_timeout_s=-1.0", "env.call_timeout_s"),
     ("rl.optim.grad_accum=3", "rl.optim.grad_accum"),
     ("train.optim.grad_accum=3", "train.optim.grad_accum"),
+    ("rl.objective=ppo", "rl.objective"),
 ]
 BAD[2] = ("env.categories=('multi_turn_nope',)", "env.categories")
 

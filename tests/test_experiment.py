@@ -33,6 +33,7 @@ def test_every_ablation_cell_is_an_arm():
     assert arms["sft_rcgrpo"] == ("sft", "rcgrpo", {})
     assert arms["rctp_rcgrpo"] == ("rctp", "rcgrpo", {})
     assert arms["rctp_grpo"] == ("rctp", "grpo", {"grpo_token": "high"})
+    assert arms["sft_grpo_dynamic"] == ("sft", "grpo", {"dynamic_sampling": True})
 
 
 def _arms(base=0.0, sft=0.5, high=0.5, low=0.0, deg_g=0.9, deg_rc=0.3, final=0.6):
@@ -42,7 +43,7 @@ def _arms(base=0.0, sft=0.5, high=0.5, low=0.0, deg_g=0.9, deg_rc=0.3, final=0.6
         "sft": {"heldout_success": sft},
         "rctp": {"heldout_success": high, "success_high": high, "success_low": low},
         "sft_grpo": rl(deg_g), "sft_rcgrpo": rl(0.5), "rctp_rcgrpo": rl(deg_rc),
-        "rctp_grpo": rl(0.95),
+        "rctp_grpo": rl(0.95), "sft_grpo_dynamic": rl(0.9),
     }  # fmt: skip
 
 
@@ -63,6 +64,13 @@ def test_targets(change, failed):
     sft_start = change.get("sft", 0.5)
     assert t["moved"]["sft_grpo"] == pytest.approx(0.6 - sft_start)
     assert t["moved"]["rctp_grpo"] == pytest.approx(0.1)  # from RCTP's high-token success
+    assert t["moved"]["sft_grpo_dynamic"] == pytest.approx(0.6 - sft_start)
+
+
+def test_table_columns_fit_every_arm_name():
+    table = experiment.format_table({"arms": _arms()})
+    assert len({len(line) for line in table.splitlines()}) == 1  # aligned columns
+    assert any(line.startswith("sft_grpo_dynamic ") for line in table.splitlines())
 
 
 def test_seed_table_intervals():
@@ -87,3 +95,6 @@ def test_seed_table_intervals():
     assert agg["arms"]["sft_grpo"]["change"]["ci95"] == pytest.approx(0.0, abs=1e-12)
     report = seeds.format_report(per_seed, agg)
     assert "all three 4/5" in report and "sft_rcgrpo" in report
+    assert agg["arms"]["sft_grpo_dynamic"]["change"]["mean"] == pytest.approx(0.1)
+    arm_lines = report.split("\n\n")[1].splitlines()
+    assert len({len(line) for line in arm_lines}) == 1  # the longest arm name fits its column

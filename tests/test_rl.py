@@ -100,7 +100,7 @@ def params():
     return models.init_params(CFG, jax.random.key(1))
 
 
-def np_policy_loss(batch, logp, lc: rl.PolicyLossConfig):
+def np_policy_loss(batch, logp, lc: rl.Objective):
     adv = np_group_advantages(batch["rewards"].astype(np.float64))[..., None]
     mask = batch["loss_mask"].astype(np.float64)
     ratio = np.exp(logp - batch["old_logprobs"])
@@ -114,7 +114,7 @@ def np_policy_loss(batch, logp, lc: rl.PolicyLossConfig):
 
 @pytest.mark.parametrize("aggregation", ["token", "sequence"])
 def test_policy_loss_matches_numpy_reference(params, aggregation):
-    lc = rl.PolicyLossConfig(kl_beta=0.05, aggregation=aggregation)
+    lc = rl.Objective(kl_beta=0.05, aggregation=aggregation)
     batch, logp = make_batch(params)
     loss_fn = jax.jit(lambda p, b: rl.policy_loss(CFG, lc, p, b))
     loss, aux = loss_fn(params, {k: jnp.asarray(v) for k, v in batch.items()})
@@ -145,7 +145,7 @@ def _directional(loss, params, seed: int):
 
 def test_surrogate_gradient_matches_finite_differences(params):
     # wide clip range: the surrogate is smooth, so central differences are accurate
-    lc = rl.PolicyLossConfig(kl_beta=0.1, clip_low=0.9, clip_high=10.0)
+    lc = rl.Objective(kl_beta=0.1, clip_low=0.9, clip_high=10.0)
     batch, _ = make_batch(params, seed=3)
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
     analytic, numeric = _directional(lambda p: rl.policy_loss(CFG, lc, p, batch)[0], params, 7)
@@ -155,7 +155,7 @@ def test_surrogate_gradient_matches_finite_differences(params):
 
 def test_clipped_tokens_carry_no_gradient(params):
     """Ratios pushed beyond 1 + clip_high with positive advantage: the surrogate is flat there."""
-    lc = rl.PolicyLossConfig(kl_beta=0.0)
+    lc = rl.Objective(kl_beta=0.0)
     batch, logp = make_batch(params, seed=4, kl=False)
     batch["rewards"][:] = np.tile([1.0, 0.0, 0.0, 0.0], (P, 1))  # rollout 0 of each group: A > 0
     batch["old_logprobs"] = (logp - 5.0 * (np.arange(G) == 0)[None, :, None]) * batch["loss_mask"]
@@ -185,7 +185,7 @@ def test_equal_rewards_leave_params_unchanged(params):
     mesh = models.make_mesh((4, 1, 2))
     state, optimizer, shardings = _state(params, mesh)
     step = make_rl_step(
-        CFG, rl.PolicyLossConfig(kl_beta=0.0), optimizer, mesh=mesh, shardings=shardings
+        CFG, rl.Objective(kl_beta=0.0), optimizer, mesh=mesh, shardings=shardings
     )
     batch, _ = make_batch(params, equal_rewards=True, kl=False)
     before = jax.tree.map(np.asarray, state.params)
@@ -200,7 +200,7 @@ def test_equal_rewards_leave_params_unchanged(params):
 
 
 def test_fused_step_equal_on_two_meshes_and_compiles_once(params):
-    lc = rl.PolicyLossConfig(kl_beta=0.05)
+    lc = rl.Objective(kl_beta=0.05)
     results = []
     for shape in [(8, 1, 1), (1, 2, 4)]:
         mesh = models.make_mesh(shape)
@@ -247,7 +247,7 @@ def test_rl_rows_sized_to_content_one_program_per_bucket(params):
     settings = RolloutSettings(chat_format="python", max_len=112)
     mesh = models.make_mesh((8, 1, 1))
     state, optimizer, shardings = _state(params, mesh)
-    step = make_rl_step(CFG, rl.PolicyLossConfig(), optimizer, mesh=mesh, shardings=shardings)
+    step = make_rl_step(CFG, rl.Objective(), optimizer, mesh=mesh, shardings=shardings)
     seen = []
     for seed, longest in enumerate([20, 60, 70, 90, 130]):
         lengths = np.random.default_rng(seed).integers(PROMPT + 2, longest + 1, P * G)

@@ -102,11 +102,17 @@ def test_rl_arm_logs_are_consistent(run_all, arm):
     root = Path(config.workdir) / arm
     metrics = read_jsonl(root / "metrics.jsonl")
     rollouts = read_jsonl(root / "rollouts.jsonl")
-    assert [m["step"] for m in metrics] == [1, 2] and len(rollouts) == 2
+    p, g = config.rl.num_prompts, config.rl.group_size
+    dynamic = dict((name, o) for name, _, _, o in experiment.RL_ARMS)[arm].get("dynamic_sampling")
+    # the same budget of generated trajectories; the dynamic arm may spend it in fewer iterations
+    steps = [m["step"] for m in metrics]
+    assert steps == ([1, 2][: len(steps)] if dynamic else [1, 2]) and len(rollouts) == len(steps)
+    assert sum(m["generated_rollouts"] for m in metrics) <= 2 * p * g
     for m, r in zip(metrics, rollouts, strict=True):
         rewards = np.asarray(r["rewards"])
         tokens = np.asarray(r["reward_token"])
-        assert rewards.shape == tokens.shape == (config.rl.num_prompts, config.rl.group_size)
+        assert rewards.shape == tokens.shape == ((len(r["entry_ids"]) if dynamic else p), g)
+        assert m["generated_rollouts"] == rewards.size
         degenerate = (rewards == rewards[:, :1]).all(1).mean()
         assert m["degenerate_frac"] == pytest.approx(degenerate)
         assert m["reward_mean"] == pytest.approx(rewards.mean())
@@ -126,7 +132,9 @@ def test_experiment_summary_and_table(run_all):
     on_disk = json.loads((root / "summary.json").read_text())
     rl_arms = [name for name, *_ in experiment.RL_ARMS]
     assert on_disk["arms"].keys() == {"base", "warm_start", "sft", "rctp", *rl_arms}
-    assert set(rl_arms) == {"sft_grpo", "sft_rcgrpo", "rctp_rcgrpo", "rctp_grpo"}
+    assert set(rl_arms) == {
+        "sft_grpo", "sft_rcgrpo", "rctp_rcgrpo", "rctp_grpo", "sft_grpo_dynamic"
+    }  # fmt: skip
     table = experiment.format_table(on_disk) + "\n" + experiment.format_targets(on_disk["targets"])
     assert (root / "table.txt").read_text().strip() == table.strip()
     assert on_disk["targets"] == experiment.targets(on_disk["arms"])
@@ -187,6 +195,32 @@ def test_rl_resume_is_exact(run_all, tmp_path):
     jax.tree.map(np.testing.assert_array_equal, pa, pb)
 
 
+def test_dynamic_sampling_trains_informative_groups_within_budget(tmp_path):
+    """GRPO with dynamic sampling from the random model: 1 iteration, then resumed to 2. Every
+    trained group has unequal rewards, every generated trajectory is in rollouts.jsonl and
+    counted, and the count survives the resume (it reaches the budget of 20 mid-iteration)."""
+    p, g, budget = OVERRIDES["rl.num_prompts"], OVERRIDES["rl.group_size"], 20
+    run = {"stage": "grpo", "rl.dynamic_sampling": True, "rl.dynamic_max_rounds": 3,
+           "rl.max_rollouts": budget, "rl.eval_every": 0}  # fmt: skip
+    main(tmp_path, **run, **{"rl.steps": 1})
+    main(tmp_path, **run, **{"rl.steps": 2})
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    rollouts = read_jsonl(tmp_path / "rollouts.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2] and len(rollouts) == 2
+    for m, r in zip(metrics, rollouts, strict=True):
+        rewards, trained = np.asarray(r["rewards"]), np.asarray(r["trained"], bool)
+        assert m["generated_rollouts"] == rewards.size == g * len(r["entry_ids"])
+        assert len(set(r["entry_ids"])) == len(r["entry_ids"])  # later rounds: fresh prompts
+        informative = ~(rewards == rewards[:, :1]).all(1)
+        assert (informative[trained]).all()
+        assert m["trained_groups"] == trained.sum() == min(p, informative.sum())
+        assert m["degenerate_frac"] == pytest.approx(1 - informative.mean())
+    generated = sum(m["generated_rollouts"] for m in metrics)
+    assert generated <= budget
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["generated_rollouts"] == generated  # the first run's count, restored
+
+
 def test_all_killed_in_a_middle_arm_resumes_exactly(run_all, tmp_path):
     """Stage `all` killed (SIGKILL, at a random point) inside its middle RL arm, then run again:
     summary, table and every RL arm's logs equal the uninterrupted run's. The stages before
@@ -199,7 +233,8 @@ def test_all_killed_in_a_middle_arm_resumes_exactly(run_all, tmp_path):
 
     config, _ = run_all
     ref, workdir = Path(config.workdir), tmp_path / "all"
-    later = {"rctp_rcgrpo", "rctp_grpo", "summary.json", "table.txt", "dynamics.png"}
+    later = {"rctp_rcgrpo", "rctp_grpo", "sft_grpo_dynamic", "summary.json", "table.txt"}
+    later.add("dynamics.png")
     shutil.copytree(
         ref, workdir, ignore=lambda d, names: later & set(names) if d == str(ref) else ()
     )

@@ -1,4 +1,4 @@
-"""RL building blocks: group advantages, reward-token draws, the policy loss, the fused step."""
+"""RL building blocks: group advantages, reward-token draws, the objectives, the fused step."""
 
 from rcgrpo_jax.rl.advantages import (
     HIGH,
@@ -8,13 +8,14 @@ from rcgrpo_jax.rl.advantages import (
     group_advantages,
     sample_reward_tokens,
 )
-from rcgrpo_jax.rl.losses import PolicyLossConfig, policy_loss, summarize
+from rcgrpo_jax.rl.losses import OBJECTIVES, Objective, policy_loss, summarize
 
 __all__ = [
     "HIGH",
     "LOW",
     "NONE",
-    "PolicyLossConfig",
+    "OBJECTIVES",
+    "Objective",
     "degenerate_groups",
     "group_advantages",
     "policy_loss",

@@ -12,21 +12,27 @@ import jax.numpy as jnp
 HIGH, LOW, NONE = 1, 0, -1  # reward-token codes; NONE = unconditioned rollout (plain GRPO)
 
 
-def _group_advantage(rewards: jax.Array, eps: float) -> jax.Array:
-    """(r - mean) / (std + eps) for one group; exactly 0 when every reward is equal."""
+def _group_advantage(rewards: jax.Array, eps: float, normalize_std: bool) -> jax.Array:
+    """(r - mean) / (std + eps) for one group (r - mean without `normalize_std`); exactly 0
+    when every reward is equal."""
     r = rewards.astype(jnp.float32)
     mu = jnp.mean(r)
-    sigma = jnp.sqrt(jnp.mean(jnp.square(r - mu)))  # population std (ddof=0), as GRPO
     degenerate = jnp.all(r == r[0])  # not `sigma == 0`: float rounding must not leak 1e-8/eps
+    if not normalize_std:
+        return jnp.where(degenerate, 0.0, r - mu)
+    sigma = jnp.sqrt(jnp.mean(jnp.square(r - mu)))  # population std (ddof=0), as GRPO
     return jnp.where(degenerate, 0.0, (r - mu) / (sigma + eps))
 
 
-def group_advantages(rewards: jax.Array, eps: float = 1e-6) -> jax.Array:
-    """rewards [P, G] -> advantages [P, G], normalised within each group (row)."""
+def group_advantages(
+    rewards: jax.Array, eps: float = 1e-6, normalize_std: bool = True
+) -> jax.Array:
+    """rewards [P, G] -> advantages [P, G], centred (and by default std-normalised) within each
+    group (row)."""
     rewards = jnp.asarray(rewards)
     if rewards.ndim != 2:
         raise ValueError(f"rewards must be [groups, group_size], got shape {rewards.shape}")
-    return jax.vmap(lambda r: _group_advantage(r, eps))(rewards)
+    return jax.vmap(lambda r: _group_advantage(r, eps, normalize_std))(rewards)
 
 
 def degenerate_groups(rewards: jax.Array) -> jax.Array:

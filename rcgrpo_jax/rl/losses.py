@@ -1,4 +1,4 @@
-"""The RC-GRPO / GRPO policy loss over a [P, G, T] batch of rollouts.
+"""The RL policy losses (GRPO, Dr. GRPO, DAPO, GSPO) over a [P, G, T] batch of rollouts.
 
 Batch (all leading dims [P, G]; P prompts × G rollouts):
 - tokens, positions, segments [P, G, T]: the full trajectory (prompt + turns + tool results).
@@ -24,16 +24,46 @@ from rcgrpo_jax.rl.advantages import HIGH, LOW, degenerate_groups, group_advanta
 
 
 @dataclasses.dataclass(frozen=True)
-class PolicyLossConfig:
+class Pieces:
+    """What distinguishes one objective from another inside `policy_loss`."""
+
+    normalize_std: bool  # advantage (r - mean) / (std + eps); False: r - mean (Dr. GRPO)
+    sequence_ratio: bool  # GSPO: one ratio per sequence, exp(mean of the token log-ratios)
+    aggregation: str | None  # token | sequence | constant; None: the objective's `aggregation`
+
+
+# token: sum over the batch's generated tokens / their count (DAPO's token-level loss);
+# sequence: the mean over sequences of each one's token mean (GRPO's original form);
+# constant: sum / (sequences x a fixed length), free of each sequence's length (Dr. GRPO).
+OBJECTIVES: dict[str, Pieces] = {
+    "grpo": Pieces(normalize_std=True, sequence_ratio=False, aggregation=None),
+    "dr_grpo": Pieces(normalize_std=False, sequence_ratio=False, aggregation="constant"),
+    "dapo": Pieces(normalize_std=True, sequence_ratio=False, aggregation="token"),
+    "gspo": Pieces(normalize_std=True, sequence_ratio=True, aggregation="sequence"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """An RL objective as data: its name (which `Pieces`) and its parameters."""
+
+    name: str = "grpo"
     clip_low: float = 0.2  # ratio floor 1 - clip_low
     clip_high: float = 0.28  # ratio ceiling 1 + clip_high (decoupled, as DAPO)
     kl_beta: float = 0.0  # weight of the k3 KL estimator to the reference policy
-    aggregation: str = "token"  # token: mean over all tokens | sequence: mean of per-seq means
+    aggregation: str = "token"  # grpo only: token | sequence (the others fix their own)
     adv_eps: float = 1e-6
+    norm_length: int = 0  # dr_grpo: the fixed tokens per sequence of its divisor; 0 = the step's T
 
     def __post_init__(self) -> None:
+        if self.name not in OBJECTIVES:
+            raise ValueError(f"objective {self.name!r}; expected one of {', '.join(OBJECTIVES)}")
         if self.aggregation not in ("token", "sequence"):
             raise ValueError(f"aggregation={self.aggregation!r}; expected 'token' or 'sequence'")
+
+    @property
+    def pieces(self) -> Pieces:
+        return OBJECTIVES[self.name]
 
 
 def logprobs_and_entropy(
@@ -47,38 +77,56 @@ def logprobs_and_entropy(
 
 
 def policy_loss(
-    cfg: ModelConfig, loss_cfg: PolicyLossConfig, params: Any, batch: Mapping[str, jax.Array]
+    cfg: ModelConfig, objective: Objective, params: Any, batch: Mapping[str, jax.Array]
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Clipped surrogate (+ β·k3 KL) with group advantages computed here from the rewards."""
+    """`objective_loss` of the policy's current log-probs of the rollouts."""
     p, g, t = batch["tokens"].shape
     flat = lambda x: x.reshape(p * g, *x.shape[2:])
     logp, entropy = logprobs_and_entropy(
         cfg, params, flat(batch["tokens"]), flat(batch["positions"]), flat(batch["segments"])
     )
-    logp, entropy = logp.reshape(p, g, t), entropy.reshape(p, g, t)
+    return objective_loss(objective, logp.reshape(p, g, t), entropy.reshape(p, g, t), batch)
+
+
+def objective_loss(
+    objective: Objective, logp: jax.Array, entropy: jax.Array, batch: Mapping[str, jax.Array]
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Clipped surrogate (+ β·k3 KL) of log-probs `logp` [P, G, T] with group advantages
+    computed here from the rewards; the objective picks the advantage's scale, the ratio (per
+    token or per sequence) and how the per-token terms are aggregated."""
+    p, g, t = logp.shape
     mask = batch["loss_mask"].astype(jnp.float32)
     mask = mask.at[..., 0].set(0.0)  # nothing predicts the first token
-
-    adv = group_advantages(batch["rewards"], loss_cfg.adv_eps)[..., None]  # vmapped over groups
-    ratio = jnp.exp(logp - batch["old_logprobs"])
-    clipped = jnp.clip(ratio, 1.0 - loss_cfg.clip_low, 1.0 + loss_cfg.clip_high)
-    per_token = -jnp.minimum(ratio * adv, clipped * adv)
-    kl = jnp.zeros_like(per_token)
-    if loss_cfg.kl_beta > 0:
-        log_r = batch["ref_logprobs"] - logp
-        kl = jnp.exp(log_r) - log_r - 1.0  # k3: unbiased, non-negative estimate of KL(π || ref)
-        per_token = per_token + loss_cfg.kl_beta * kl
-
+    pieces = objective.pieces
     n_tok = jnp.sum(mask)
     seq_tok = jnp.sum(mask, axis=-1)
+
+    adv = group_advantages(batch["rewards"], objective.adv_eps, pieces.normalize_std)[..., None]
+    if pieces.sequence_ratio:  # s_i = exp(mean_t (logp - old)), the same for all of i's tokens
+        log_s = jnp.sum((logp - batch["old_logprobs"]) * mask, -1) / jnp.maximum(seq_tok, 1.0)
+        ratio = jnp.broadcast_to(jnp.exp(log_s)[..., None], logp.shape)
+    else:
+        ratio = jnp.exp(logp - batch["old_logprobs"])
+    clipped = jnp.clip(ratio, 1.0 - objective.clip_low, 1.0 + objective.clip_high)
+    per_token = -jnp.minimum(ratio * adv, clipped * adv)
+    kl = jnp.zeros_like(per_token)
+    if objective.kl_beta > 0:
+        log_r = batch["ref_logprobs"] - logp
+        kl = jnp.exp(log_r) - log_r - 1.0  # k3: unbiased, non-negative estimate of KL(π || ref)
+        per_token = per_token + objective.kl_beta * kl
+
     has_tok = (seq_tok > 0).astype(jnp.float32)
-    if loss_cfg.aggregation == "token":
+    aggregation = pieces.aggregation or objective.aggregation
+    if aggregation == "token":
         weight = n_tok
         loss = jnp.sum(per_token * mask) / jnp.maximum(n_tok, 1.0)
-    else:
+    elif aggregation == "sequence":
         weight = jnp.sum(has_tok)
         seq_loss = jnp.sum(per_token * mask, -1) / jnp.maximum(seq_tok, 1.0)
         loss = jnp.sum(seq_loss * has_tok) / jnp.maximum(weight, 1.0)
+    else:  # constant: every sequence counts the same fixed length, however long it is
+        weight = jnp.asarray(p * g * (objective.norm_length or t), jnp.float32)
+        loss = jnp.sum(per_token * mask) / weight
 
     tok_mean = lambda x: jnp.sum(x * mask) / jnp.maximum(n_tok, 1.0)
     rewards = batch["rewards"].astype(jnp.float32)

@@ -77,6 +77,19 @@ class Rollouts:
     def positions(self) -> np.ndarray:
         return np.broadcast_to(np.arange(self.tokens.shape[-1], dtype=np.int32), self.tokens.shape)
 
+    def take(self, groups: np.ndarray) -> Rollouts:
+        """The groups where `groups` [P] (bool) is set, as a batch of their own."""
+        g = self.rewards.shape[1]
+        rows = [i * g + j for i in np.flatnonzero(groups) for j in range(g)]
+        return dataclasses.replace(
+            self, tokens=self.tokens[groups], segments=self.segments[groups],
+            loss_mask=self.loss_mask[groups], old_logprobs=self.old_logprobs[groups],
+            rewards=self.rewards[groups], reward_token=self.reward_token[groups],
+            results=[r for r, k in zip(self.results, groups, strict=True) if k],
+            episodes=[self.episodes[r] for r in rows], errors=[self.errors[r] for r in rows],
+            env_process=None if self.env_process is None else self.env_process[groups],
+        )  # fmt: skip
+
     def batch(self) -> dict[str, np.ndarray]:
         """The fused train step's inputs."""
         return {
@@ -322,4 +335,27 @@ def _pack(
         rewards=rewards, reward_token=np.asarray(reward_tokens, np.int32), results=results,
         episodes=list(episodes), stats=stats,
         env_process=np.asarray(owner, np.int32).reshape(p, g), errors=list(errors),
+    )  # fmt: skip
+
+
+def concat_groups(parts: Sequence[Rollouts]) -> Rollouts:
+    """The groups of several rollout rounds as one batch, right-padded to the longest T (as
+    `_pack` pads); stats summed (rates recomputed)."""
+    if len(parts) == 1:
+        return parts[0]
+    t = max(x.tokens.shape[-1] for x in parts)
+    cat = lambda key: np.concatenate(
+        [np.pad(getattr(x, key), [(0, 0), (0, 0), (0, t - x.tokens.shape[-1])]) for x in parts]
+    )
+    stats = {k: sum(x.stats[k] for x in parts) for k in parts[0].stats}
+    stats["sampled_tokens_per_s"] = stats["sampled_tokens"] / max(stats["rollout_s"], 1e-9)
+    owners = [x.env_process for x in parts]
+    return Rollouts(
+        tokens=cat("tokens"), segments=cat("segments"), loss_mask=cat("loss_mask"),
+        old_logprobs=cat("old_logprobs"), rewards=np.concatenate([x.rewards for x in parts]),
+        reward_token=np.concatenate([x.reward_token for x in parts]),
+        results=[r for x in parts for r in x.results],
+        episodes=[e for x in parts for e in x.episodes], stats=stats,
+        env_process=None if any(o is None for o in owners) else np.concatenate(owners),
+        errors=[e for x in parts for e in x.errors],
     )  # fmt: skip

@@ -2,9 +2,10 @@
 
 Inside the jit, read top to bottom: current log-probs and entropy of the [P, G, T] rollouts →
 group advantages from the rewards (vmapped over groups) → clipped surrogate with separate low/high
-clip and optional k3 KL → gradients (scanned over microbatches of whole groups) → skip-if-non-finite
-→ optax update. The step machinery (sharding, donation, accumulation, skipping) is the one SFT
-uses (`train.state.make_train_step`); only the loss differs.
+clip and optional k3 KL, as the `Objective` says (GRPO, Dr. GRPO, DAPO, GSPO) → gradients
+(scanned over microbatches of whole groups) → skip-if-non-finite → optax update. The step
+machinery (sharding, donation, accumulation, skipping) is the one SFT uses
+(`train.state.make_train_step`); only the loss differs.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ import optax
 from jax.sharding import Mesh
 
 from rcgrpo_jax.models import ModelConfig
-from rcgrpo_jax.rl.losses import PolicyLossConfig, logprobs_and_entropy, policy_loss
+from rcgrpo_jax.rl.losses import Objective, logprobs_and_entropy, policy_loss
 from rcgrpo_jax.train.state import TrainState, make_train_step
 
 
 def make_rl_step(
     cfg: ModelConfig,
-    loss_cfg: PolicyLossConfig,
+    objective: Objective,
     optimizer: optax.GradientTransformation,
     *,
     mesh: Mesh,
@@ -36,7 +37,7 @@ def make_rl_step(
 
     def loss_fn(params, batch, rng):
         del rng  # the loss is deterministic given the rollouts
-        return policy_loss(cfg, loss_cfg, params, batch)
+        return policy_loss(cfg, objective, params, batch)
 
     return make_train_step(
         loss_fn,

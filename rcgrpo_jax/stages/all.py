@@ -6,6 +6,8 @@
     RCTP ─▶ RC-GRPO    (the method)
     RCTP ─▶ GRPO       (RCTP without conditioned sampling: every rollout and the evaluation under
                         <|high_reward|>, so the groups get no injected variance)
+    SFT  ─▶ GRPO with dynamic sampling (DAPO's other answer to σ_g → 0: roll out more prompts
+                        and train on the informative groups only, within the same budget)
 
 RCTP → GRPO samples under one fixed token rather than none: the RCTP model has only seen
 prompts that carry a token, so without one it is off its training distribution and the cell
@@ -13,9 +15,10 @@ would measure that, not what RC-GRPO's mixed-token groups add.
 
 Each stage runs in its own sub-directory of the workdir (`sft/`, `rctp/`, ...) and is resumable
 on its own; a finished stage (its `summary.json` exists) is not run again. Every RL arm gets the
-same number of iterations, prompts and rollouts. Results: `summary.json` (per arm, and the
-demo's three targets), a printed table, and `dynamics.png` (reward, degenerate-group fraction,
-entropy per RL iteration, one line per arm).
+same budget of generated trajectories (`rl.max_rollouts`, default steps x P x G) and at most
+`rl.steps` iterations; the dynamic arm spends its budget faster, so it may run fewer.
+Results: `summary.json` (per arm, and the demo's three targets), a printed table, and
+`dynamics.png` (reward, degenerate-group fraction, entropy per RL iteration, one line per arm).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ RL_ARMS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("sft_rcgrpo", "sft", "rcgrpo", {}),
     ("rctp_rcgrpo", "rctp", "rcgrpo", {}),
     ("rctp_grpo", "rctp", "grpo", {"grpo_token": "high"}),
+    ("sft_grpo_dynamic", "sft", "grpo", {"dynamic_sampling": True}),
 )
 DYNAMICS = ("reward_mean", "degenerate_frac", "entropy")
 
@@ -104,7 +108,9 @@ def _rl_stats(workdir: Path) -> dict[str, float]:
     """Over the RL run: mean degenerate-group fraction and entropy, last held-out success."""
     rows = read_jsonl(workdir / "metrics.jsonl")
     evals = [r["eval_success"] for r in rows if r.get("eval_success") is not None]
-    mean = lambda k: float(np.mean([r[k] for r in rows if r.get(k) is not None]))
+    # a value is null (NaN) in an iteration without an update (dynamic sampling found no group)
+    values = lambda k: [r[k] for r in rows if r.get(k) is not None]
+    mean = lambda k: float(np.mean(values(k))) if values(k) else float("nan")
     return {
         "heldout_success": evals[-1] if evals else float("nan"),
         "degenerate_frac": mean("degenerate_frac"),
@@ -115,16 +121,17 @@ def _rl_stats(workdir: Path) -> dict[str, float]:
 
 def format_table(summary: dict[str, Any]) -> str:
     pct = lambda x: "   -  " if x is None or x != x else f"{100 * x:6.1f}"
+    w = max(16, *(len(name) + 1 for name in summary["arms"]))
     lines = [
-        f"{'arm':<16}{'held-out %':>11}{'high-tok %':>11}{'low-tok %':>10}"
+        f"{'arm':<{w}}{'held-out %':>11}{'high-tok %':>11}{'low-tok %':>10}"
         f"{'degenerate':>11}{'entropy':>9}",
     ]
     for name, row in summary["arms"].items():
         ent = row.get("entropy")
         lines.append(
-            f"{name:<16}{pct(row.get('heldout_success')):>11}{pct(row.get('success_high')):>11}"
+            f"{name:<{w}}{pct(row.get('heldout_success')):>11}{pct(row.get('success_high')):>11}"
             f"{pct(row.get('success_low')):>10}{pct(row.get('degenerate_frac')):>11}"
-            f"{'   -' if ent is None else f'{ent:9.3f}':>9}"
+            f"{'   -' if ent is None or ent != ent else f'{ent:9.3f}':>9}"
         )
     return "\n".join(lines)
 

@@ -4,10 +4,18 @@ One RL iteration, read top to bottom:
 1. draw P training prompts (seeded by iteration: resume needs no iterator state);
 2. draw each rollout's reward token: r_j ~ P_sample(r) for RC-GRPO; GRPO: `rl.grpo_token`;
 3. run the P × G multi-turn rollouts (KV cache kept across turns), rewards from the BFCL checker;
-4. `rl.epochs` × `rl.minibatches` fused train steps over whole groups (advantages in the step);
+   with `rl.dynamic_sampling`, drop the groups whose rewards are all equal and repeat 1-3 for
+   the missing groups (seeded by iteration and round), at most `rl.dynamic_max_rounds` rounds;
+4. `rl.epochs` × `rl.minibatches` fused train steps over whole groups (advantages in the step),
+   with the loss `rl.objective` names;
 5. log, evaluate every `rl.eval_every` iterations (conditioned on `<|high_reward|>` where the
    rollouts carry it),
    checkpoint every `rl.checkpoint_every`; at the end export an HF directory and plot dynamics.
+
+Every generated trajectory counts against `rl.max_rollouts` (default: steps × P × G): the run
+ends after `rl.steps` iterations or when the budget is spent, whichever is first, so an arm with
+dynamic sampling generates no more trajectories than one without. The count is logged per
+iteration (`generated_rollouts`) and kept in the checkpoint's data state.
 
 Multi-process, every process runs this same loop (SPMD): the sampler and the train step are
 programs over the global mesh; each process runs the environment of its own share of the rows
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -37,8 +46,9 @@ import numpy as np
 from rcgrpo_jax import distributed, models
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.rl.advantages import HIGH, NONE, degenerate_groups, sample_reward_tokens
-from rcgrpo_jax.rl.losses import PolicyLossConfig, summarize
-from rcgrpo_jax.rl.rollout import RolloutSettings, collect
+from rcgrpo_jax.rl.dynamic import fill_groups
+from rcgrpo_jax.rl.losses import summarize
+from rcgrpo_jax.rl.rollout import Rollouts, RolloutSettings, collect, concat_groups
 from rcgrpo_jax.rl.train_step import make_rl_step, sequence_logprobs
 from rcgrpo_jax.stages import setup
 from rcgrpo_jax.stages.eval import success_rate
@@ -69,21 +79,60 @@ def _check(rl: ml_collections.ConfigDict, algo: str) -> None:
         raise UserError("rl.stratified needs rl.group_size >= 2")
 
 
-def reward_tokens_for(algo: str, rl: ml_collections.ConfigDict, seed: int, iteration: int):
-    """[P, G] reward tokens of one iteration (GRPO: every row `rl.grpo_token`)."""
-    shape = (int(rl.num_prompts), int(rl.group_size))
+def reward_tokens_for(
+    algo: str,
+    rl: ml_collections.ConfigDict,
+    seed: int,
+    iteration: int,
+    num: int | None = None,
+    rnd: int = 0,
+):
+    """[num (default P), G] reward tokens of one iteration's round `rnd` (GRPO: every row
+    `rl.grpo_token`)."""
+    shape = (int(rl.num_prompts) if num is None else num, int(rl.group_size))
     if algo == "grpo":
         return np.full(shape, HIGH if rl.grpo_token == "high" else NONE, np.int32)
     key = jax.random.fold_in(jax.random.key(seed), iteration)
+    if rnd:
+        key = jax.random.fold_in(key, rnd)
     return np.asarray(
         sample_reward_tokens(key, *shape, float(rl.p_high), bool(rl.stratified)), np.int32
     )
 
 
-def prompts_for(pool: list[Any], num: int, seed: int, iteration: int) -> list[Any]:
-    """P training entries of one iteration, without replacement within the iteration."""
-    rng = np.random.default_rng([seed, iteration])
+def prompts_for(
+    pool: list[Any],
+    num: int,
+    seed: int,
+    iteration: int,
+    rnd: int = 0,
+    drawn: frozenset = frozenset(),
+) -> list[Any]:
+    """`num` training entries of one iteration's round `rnd`, without replacement within the
+    iteration: a later round draws from the entries not `drawn` before (all, if too few)."""
+    rng = np.random.default_rng([seed, iteration] if rnd == 0 else [seed, iteration, rnd])
+    fresh = [e for e in pool if e.id not in drawn]
+    pool = fresh if len(fresh) >= num else pool
     return [pool[i] for i in rng.choice(len(pool), size=num, replace=len(pool) < num)]
+
+
+def rollout_seed(seed: int, iteration: int, rnd: int = 0) -> int:
+    """The sampler's seed for one iteration's round `rnd`."""
+    if rnd == 0:
+        return seed * 1_000_003 + iteration
+    return int(np.random.SeedSequence([seed, iteration, rnd]).generate_state(1)[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Drawn:
+    """One rollout round: its entries and their rollouts (`rewards` for `fill_groups`)."""
+
+    entries: list[Any]
+    rollouts: Rollouts
+
+    @property
+    def rewards(self) -> np.ndarray:
+        return self.rollouts.rewards
 
 
 def _minibatches(batch: dict[str, np.ndarray], n: int) -> list[dict[str, np.ndarray]]:
@@ -131,12 +180,9 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     optimizer = make_optimizer(optim_cfg)
     psh = models.param_shardings(cfg, mesh)
     shardings = state_shardings(optimizer, psh, mesh, params)
-    loss_cfg = PolicyLossConfig(
-        clip_low=float(rl.clip_low), clip_high=float(rl.clip_high), kl_beta=float(rl.kl_beta),
-        aggregation=rl.aggregation,
-    )  # fmt: skip
+    objective = setup.objective_from_config(rl)
     step_fn = make_rl_step(
-        cfg, loss_cfg, optimizer, mesh=mesh, shardings=shardings, grad_accum=optim_cfg.grad_accum,
+        cfg, objective, optimizer, mesh=mesh, shardings=shardings, grad_accum=optim_cfg.grad_accum,
         schedule=make_schedule(optim_cfg),
     )  # fmt: skip
     settings = RolloutSettings(
@@ -145,7 +191,9 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         max_steps_per_turn=int(config.env.max_steps_per_turn),
         call_timeout_s=float(config.env.call_timeout_s),
     )  # fmt: skip
-    ref_params = params if loss_cfg.kl_beta > 0 else None
+    ref_params = params if objective.kl_beta > 0 else None
+    p_, g_ = int(rl.num_prompts), int(rl.group_size)
+    budget = int(rl.max_rollouts) or int(rl.steps) * p_ * g_
 
     ckpt = Checkpointer(
         workdir / "checkpoints", save_every=int(rl.checkpoint_every), keep=int(rl.keep_checkpoints)
@@ -155,10 +203,12 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     )
     if restored is None:
         state = init_train_state(params, optimizer, config.seed, mesh=mesh, param_shardings=psh)
-        start = 0
+        start = generated = 0
     else:
         state, data_state, _ = restored
         start = int(data_state["iteration"])
+        # a checkpoint without the count: made when every iteration generated P x G
+        generated = int(data_state.get("generated_rollouts", start * p_ * g_))
     del params  # the state owns the policy from here on
 
     eval_token = HIGH if algo == "rcgrpo" or rl.grpo_token == "high" else None
@@ -178,30 +228,49 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         if rollout_log is not None:
             stack.callback(rollout_log.close)
         history = list(writer.previous)
+        done = start
         for it in range(start, int(rl.steps)):
-            entries = prompts_for(train_pool, int(rl.num_prompts), config.seed, it)
-            tokens = reward_tokens_for(algo, rl, config.seed, it)
-            ro = collect(
-                cfg,
-                state.params,
-                tokenizer,
-                entries,
-                tokens,
-                settings,
-                seed=config.seed * 1_000_003 + it,
-                mesh=mesh,
-            )
-            batch = ro.batch()
-            if ref_params is not None:
-                batch["ref_logprobs"] = _ref_logprobs(cfg, ref_params, batch, mesh)
+            if budget - generated < g_:
+                break
+            drawn: set[str] = set()
+
+            def draw(rnd: int, n: int, it=it, drawn=drawn, params=state.params) -> _Drawn:
+                entries = prompts_for(train_pool, n, config.seed, it, rnd, frozenset(drawn))
+                drawn.update(e.id for e in entries)
+                ro = collect(
+                    cfg, params, tokenizer, entries,
+                    reward_tokens_for(algo, rl, config.seed, it, n, rnd), settings,
+                    seed=rollout_seed(config.seed, it, rnd), mesh=mesh,
+                )  # fmt: skip
+                return _Drawn(entries, ro)
+
+            # Cap hit with fewer than P informative groups: the update takes the k it has (cut
+            # to whole minibatches): they were paid for from the budget, and skipping would
+            # starve exactly the runs that need the signal most. No informative group: no update.
+            filled = fill_groups(
+                draw, p_, g_, budget=budget - generated, dynamic=bool(rl.dynamic_sampling),
+                max_rounds=int(rl.dynamic_max_rounds),
+                multiple_of=int(rl.minibatches) * optim_cfg.grad_accum,
+            )  # fmt: skip
+            generated += filled.generated
+            ro = concat_groups([d.rollouts for d in filled.rounds])
+            entries = [e for d in filled.rounds for e in d.entries]
+            trained = np.concatenate(filled.trained)
             t0 = time.perf_counter()
             step_metrics = []
-            for _ in range(int(rl.epochs)):
-                for mb in _minibatches(batch, int(rl.minibatches)):
-                    state, m = step_fn(state, {k: _global(v, mesh) for k, v in mb.items()})
-                    step_metrics.append(distributed.host_tree(m))
+            if trained.any():
+                batch = (ro if trained.all() else ro.take(trained)).batch()
+                if ref_params is not None:
+                    batch["ref_logprobs"] = _ref_logprobs(cfg, ref_params, batch, mesh)
+                for _ in range(int(rl.epochs)):
+                    for mb in _minibatches(batch, int(rl.minibatches)):
+                        state, m = step_fn(state, {k: _global(v, mesh) for k, v in mb.items()})
+                        step_metrics.append(distributed.host_tree(m))
             update_s = time.perf_counter() - t0
             record = _iteration_record(step_metrics, ro, update_s)
+            record.update(
+                generated_rollouts=float(filled.generated), trained_groups=float(trained.sum())
+            )
             if rollout_log is not None:
                 p, g = ro.rewards.shape
                 rollout_log.append({
@@ -209,15 +278,18 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
                     "reward_token": ro.reward_token.tolist(), "rewards": ro.rewards.tolist(),
                     "env_process": ro.env_process.tolist(),
                     "env_errors": [ro.errors[i * g : (i + 1) * g] for i in range(p)],
+                    "trained": trained.tolist(),
                 })  # fmt: skip
                 _warn_env_errors(it + 1, ro.errors)
-            if rl.eval_every and ((it + 1) % int(rl.eval_every) == 0 or it + 1 == int(rl.steps)):
+            last = it + 1 == int(rl.steps) or budget - generated < g_
+            if rl.eval_every and ((it + 1) % int(rl.eval_every) == 0 or last):
                 record["eval_success"] = success_rate(
                     config, (cfg, state.params), tokenizer, mesh, test_pool, eval_token
                 )
             history.append(writer.write(it + 1, record))
-            ckpt.save(it + 1, state, {"iteration": it + 1})
-        ckpt.save(int(rl.steps), state, {"iteration": int(rl.steps)}, force=True)
+            done = it + 1
+            ckpt.save(done, state, {"iteration": done, "generated_rollouts": generated})
+        ckpt.save(done, state, {"iteration": done, "generated_rollouts": generated}, force=True)
 
     export = workdir / "export"
     # every process takes part in gathering params sharded over several processes
@@ -226,7 +298,8 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     )
     summary = {
         "stage": algo,
-        "iterations": int(rl.steps),
+        "iterations": done,
+        "generated_rollouts": generated,
         "export": str(export),
         "final": history[-1] if history else {},
     }
@@ -256,9 +329,13 @@ def _warn_env_errors(iteration: int, errors: list[str | None]) -> None:
 
 
 def _iteration_record(step_metrics: list[dict], ro, update_s: float) -> dict[str, float]:
-    """Per-iteration metrics: group statistics from the rollouts themselves (recomputable from
+    """Per-iteration metrics: group statistics from every generated rollout (recomputable from
     rollouts.jsonl), loss-side values averaged over the iteration's updates."""
-    means = summarize({k: np.mean([float(m[k]) for m in step_metrics]) for k in step_metrics[0]})
+    means = collections.defaultdict(lambda: float("nan"))  # no update: no loss-side values
+    if step_metrics:
+        means.update(
+            summarize({k: np.mean([float(m[k]) for m in step_metrics]) for k in step_metrics[0]})
+        )
     rewards, rt = ro.rewards, ro.reward_token
     with_token = lambda t: float(rewards[rt == t].mean()) if (rt == t).any() else float("nan")
     total_s = ro.stats["rollout_s"] + update_s

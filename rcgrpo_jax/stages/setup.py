@@ -200,3 +200,20 @@ def fitting_entries(
     if entries and not kept:
         raise UserError(f"no {what}={max_len}: every prompt is longer; raise it")
     return kept
+
+
+def objective_from_config(rl: ml_collections.ConfigDict):
+    """The `rl.losses.Objective` that `rl.objective` names, with its parameters from `rl.*`:
+    gspo clips its sequence ratio to its own (much narrower) range, dr_grpo divides by
+    sequences x rl.max_len (the fixed budget of a trajectory)."""
+    from rcgrpo_jax.rl.losses import Objective
+
+    gspo = rl.objective == "gspo"
+    return Objective(
+        name=rl.objective,
+        clip_low=float(rl.gspo_clip_low if gspo else rl.clip_low),
+        clip_high=float(rl.gspo_clip_high if gspo else rl.clip_high),
+        kl_beta=float(rl.kl_beta),
+        aggregation=rl.aggregation,
+        norm_length=int(rl.max_len),
+    )

@@ -297,10 +297,10 @@ class Compiled:
     resident_bytes: int = 0  # per-device bytes that stay allocated beside this program
 
 
-def train_setup(cfg, mesh, shape: Shape, kl_beta: float = 0.0):
-    """(jitted fused RC-GRPO step, abstract TrainState, abstract batch); nothing is compiled."""
+def train_setup(cfg, mesh, shape: Shape, objective):
+    """(jitted fused RL step for the `rl.losses.Objective`, abstract TrainState, abstract
+    batch); nothing is compiled."""
     from rcgrpo_jax import models
-    from rcgrpo_jax.rl.losses import PolicyLossConfig
     from rcgrpo_jax.rl.train_step import make_rl_step
     from rcgrpo_jax.train.optim import OptimConfig, make_optimizer
     from rcgrpo_jax.train.state import abstract_train_state, state_shardings
@@ -311,13 +311,13 @@ def train_setup(cfg, mesh, shape: Shape, kl_beta: float = 0.0):
     state = abstract_train_state(optimizer, pshapes, shardings)
     step = make_rl_step(
         cfg,
-        PolicyLossConfig(kl_beta=kl_beta),
+        objective,
         optimizer,
         mesh=mesh,
         shardings=shardings,
         grad_accum=shape.grad_accum,
     )
-    return step.jitted, state, abstract_rl_batch(mesh, shape, with_ref=kl_beta > 0)
+    return step.jitted, state, abstract_rl_batch(mesh, shape, with_ref=objective.kl_beta > 0)
 
 
 def compile_train(jitted, mesh, state, batch) -> Compiled:
@@ -515,14 +515,16 @@ def plan(
     programs: Sequence[str] = ("train", "decode"),
     devices=None,
     assume: Assumptions = Assumptions(),
-    kl_beta: float = 0.0,
+    kl_beta: float | None = None,
     extra_vocab: int = 0,
 ) -> list[dict[str, Any]]:
     """One row per program: memory, fit, FLOPs, projection. `devices`: defaults to the first
-    `chips` of `jax.devices()` (the CLI provides exactly that many virtual CPU devices)."""
+    `chips` of `jax.devices()` (the CLI provides exactly that many virtual CPU devices). The
+    train step is the config's objective, `kl_beta` (if given) in place of rl.kl_beta."""
     import jax
 
     from rcgrpo_jax import models
+    from rcgrpo_jax.stages.setup import objective_from_config
 
     topo = parse_topology(topology) if isinstance(topology, str) else topology
     unknown = sorted(set(programs) - set(PROGRAMS))
@@ -540,7 +542,10 @@ def plan(
     if shape.prompts % shape.grad_accum:
         raise ValueError(f"prompts={shape.prompts} not divisible by grad_accum={shape.grad_accum}")
 
-    jitted, state, batch = train_setup(cfg, mesh, shape, kl_beta)
+    objective = objective_from_config(config.rl)
+    if kl_beta is not None:
+        objective = dataclasses.replace(objective, kl_beta=float(kl_beta))
+    jitted, state, batch = train_setup(cfg, mesh, shape, objective)
     compiled = [compile_train(jitted, mesh, state, batch)] if "train" in programs else []
     state_bytes = device_bytes(state)
     opt_bytes = device_bytes(state.opt_state)
@@ -751,7 +756,7 @@ def main(argv: Sequence[str]) -> int:
         shape,
         programs=f.programs,
         assume=assume,
-        kl_beta=float(config.rl.kl_beta if f.kl_beta is None else f.kl_beta),
+        kl_beta=f.kl_beta,
         extra_vocab=f.extra_vocab,
     )
     print(format_table(rows))

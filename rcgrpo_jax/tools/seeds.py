@@ -82,12 +82,13 @@ def format_report(per_seed: dict[int, dict[str, Any]], agg: dict[str, Any]) -> s
         + ", ".join(f"{k} {v}/{n}" for k, v in agg["targets_met"].items())
         + f"; all three {agg['seeds_meeting_all']}/{n}"
     )
-    lines.append(f"\n{'arm':<14}{'held-out % (mean ± 95% CI)':>28}{'RL change, points':>22}")
+    w = max(14, *(len(name) + 1 for name in agg["arms"]))
+    lines.append(f"\n{'arm':<{w}}{'held-out % (mean ± 95% CI)':>28}{'RL change, points':>22}")
     for name, row in agg["arms"].items():
         h = row["heldout_success"]
         ch = row.get("change")
         change = f"{100 * ch['mean']:+6.1f} ± {100 * ch['ci95']:4.1f}" if ch else "-"
-        lines.append(f"{name:<14}{100 * h['mean']:>19.1f} ± {100 * h['ci95']:4.1f}{change:>24}")
+        lines.append(f"{name:<{w}}{100 * h['mean']:>19.1f} ± {100 * h['ci95']:4.1f}{change:>24}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,267 @@
+"""The RL objectives (grpo, dr_grpo, dapo, gspo) against a plain numpy reference, their
+gradients w.r.t. the per-token log-probs, and what sets them apart; dynamic sampling's group
+filter on fake rewards."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rcgrpo_jax.config import base_config
+from rcgrpo_jax.rl import OBJECTIVES, Objective
+from rcgrpo_jax.rl.dynamic import fill_groups
+from rcgrpo_jax.rl.losses import objective_loss
+from rcgrpo_jax.stages.setup import objective_from_config
+
+P, G, T = 3, 4, 12
+EPS = 1e-6
+
+
+def make_batch(seed: int = 0):
+    """Ragged masks (one rollout generates nothing), group 0 degenerate, ratios spread wide
+    enough that every objective clips some tokens or sequences."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(3, T - 1, (P, G))
+    start = rng.integers(1, 3, (P, G))
+    t = np.arange(T)
+    mask = ((t >= start[..., None]) & (t < (start + lengths)[..., None])).astype(np.int32)
+    mask[1, 2] = 0  # a rollout with no generated token
+    logp = rng.normal(-1.5, 0.5, (P, G, T)).astype(np.float32)
+    old = (logp + rng.normal(0, 0.3, logp.shape)).astype(np.float32) * mask
+    rewards = rng.random((P, G)).astype(np.float32)
+    rewards[0] = 0.5  # degenerate
+    batch = {
+        "loss_mask": mask,
+        "old_logprobs": old,
+        "rewards": rewards,
+        "ref_logprobs": (logp + rng.normal(0, 0.2, logp.shape)).astype(np.float32),
+        "reward_token": np.full((P, G), -1, np.int32),
+    }
+    return batch, logp
+
+
+def np_advantages(rewards: np.ndarray, normalize: bool) -> np.ndarray:
+    out = np.zeros_like(rewards, np.float64)
+    for i, r in enumerate(rewards.astype(np.float64)):
+        if np.ptp(r) == 0:
+            continue
+        out[i] = (r - r.mean()) / (r.std() + EPS) if normalize else r - r.mean()
+    return out
+
+
+def np_reference(name: str, batch, logp, lo: float, hi: float, beta: float, length: int):
+    """(loss, d loss / d logp) written out for each objective, in float64."""
+    logp = logp.astype(np.float64)
+    m = batch["loss_mask"].astype(np.float64)
+    m[..., 0] = 0.0
+    n_i = m.sum(-1)
+    adv = np_advantages(batch["rewards"], normalize=name != "dr_grpo")
+    lr = batch["ref_logprobs"] - logp
+    kl, dkl = np.exp(lr) - lr - 1, 1 - np.exp(lr)  # k3 and its derivative in logp
+    if name == "gspo":
+        s = np.exp((m * (logp - batch["old_logprobs"])).sum(-1) / np.maximum(n_i, 1))
+        surr = np.minimum(s * adv, np.clip(s, 1 - lo, 1 + hi) * adv)
+        active = (s * adv <= np.clip(s, 1 - lo, 1 + hi) * adv) | ((1 - lo < s) & (s < 1 + hi))
+        has = n_i > 0
+        per_seq = -surr + beta * (kl * m).sum(-1) / np.maximum(n_i, 1)
+        loss = per_seq[has].mean()
+        d_seq = -(active * adv * s)[..., None] * m / np.maximum(n_i, 1)[..., None]
+        grad = (d_seq + beta * dkl * m / np.maximum(n_i, 1)[..., None]) * has[..., None]
+        return loss, grad / has.sum()
+    adv = adv[..., None]
+    ratio = np.exp(logp - batch["old_logprobs"])
+    clipped = np.clip(ratio, 1 - lo, 1 + hi)
+    per_tok = -np.minimum(ratio * adv, clipped * adv) + beta * kl
+    active = (ratio * adv <= clipped * adv) | ((1 - lo < ratio) & (ratio < 1 + hi))
+    d_tok = -(active * adv * ratio) + beta * dkl
+    if name in ("grpo", "dapo"):  # token level over the whole batch
+        w = m / m.sum()
+    elif name == "dr_grpo":  # a constant: sequences x the fixed length
+        w = m / (P * G * length)
+    else:  # grpo with aggregation=sequence
+        has = n_i > 0
+        w = m / np.maximum(n_i, 1)[..., None] * has[..., None] / has.sum()
+    return (per_tok * w).sum(), d_tok * w
+
+
+def jax_loss_and_grad(objective: Objective, batch, logp):
+    jb = {k: jnp.asarray(v) for k, v in batch.items()}
+    ent = jnp.zeros(logp.shape, jnp.float32)
+    fn = jax.jit(
+        jax.value_and_grad(lambda lp: objective_loss(objective, lp, ent, jb), has_aux=True)
+    )
+    (loss, aux), grad = fn(jnp.asarray(logp))
+    return float(loss), np.asarray(grad, np.float64), aux
+
+
+CASES = [  # (objective, numpy name, clip low/high)
+    (Objective("grpo", kl_beta=0.05), "grpo", 0.2, 0.28),
+    (Objective("grpo", kl_beta=0.05, aggregation="sequence"), "grpo_sequence", 0.2, 0.28),
+    (Objective("dr_grpo", kl_beta=0.05, norm_length=20), "dr_grpo", 0.2, 0.28),
+    (Objective("dapo", kl_beta=0.05), "dapo", 0.2, 0.28),
+    (Objective("gspo", clip_low=0.02, clip_high=0.03, kl_beta=0.05), "gspo", 0.02, 0.03),
+]
+
+
+@pytest.mark.parametrize("objective, ref_name, lo, hi", CASES, ids=[c[1] for c in CASES])
+def test_loss_and_gradient_match_numpy(objective, ref_name, lo, hi):
+    batch, logp = make_batch()
+    loss, grad, aux = jax_loss_and_grad(objective, batch, logp)
+    want, want_grad = np_reference(ref_name, batch, logp, lo, hi, 0.05, 20)
+    assert loss == pytest.approx(want, rel=1e-5, abs=1e-7)
+    np.testing.assert_allclose(grad, want_grad, rtol=2e-4, atol=1e-7)
+    assert 0 < float(aux["clip_frac"]) < 1  # the clipped branch is exercised
+    assert float(aux["degenerate_sum"]) == 1.0
+    no_token = batch["loss_mask"] == 0
+    assert (grad[no_token] == 0).all() and np.abs(grad[~no_token]).max() > 0
+
+
+def test_every_objective_keeps_the_aux_keys():
+    batch, logp = make_batch(1)
+    keys = {name: set(jax_loss_and_grad(Objective(name), batch, logp)[2]) for name in OBJECTIVES}
+    assert all(k == keys["grpo"] for k in keys.values())
+    assert {"weight", "degenerate_sum", "abs_adv_sum", "groups_sum"} <= keys["grpo"]
+
+
+def test_gradient_matches_finite_differences():
+    """Dr. GRPO and GSPO with wide clip ranges (no kink nearby): central differences along a
+    random direction of the log-probs agree with autodiff."""
+    batch, logp = make_batch(2)
+    jb = {k: jnp.asarray(v) for k, v in batch.items()}
+    ent = jnp.zeros(logp.shape, jnp.float32)
+    d = np.random.default_rng(3).normal(size=logp.shape).astype(np.float32)
+    d /= np.linalg.norm(d)
+    for objective in (
+        Objective("dr_grpo", clip_low=0.9, clip_high=10.0, kl_beta=0.1),
+        Objective("gspo", clip_low=0.9, clip_high=10.0, kl_beta=0.1),
+    ):
+        f = jax.jit(lambda lp, o=objective: objective_loss(o, lp, ent, jb)[0])
+        analytic = float(jnp.vdot(jax.grad(f)(jnp.asarray(logp)), d))
+        h = 1e-2
+        numeric = (float(f(logp + h * d)) - float(f(logp - h * d))) / (2 * h)
+        assert abs(analytic) > 1e-4
+        assert numeric == pytest.approx(analytic, rel=1e-2)
+
+
+def test_dr_grpo_scales_with_the_reward_spread_grpo_does_not():
+    """Dr. GRPO drops the std division: rewards x 3 triple its loss; GRPO's is unchanged."""
+    batch, logp = make_batch(4)
+    wide = dict(batch, rewards=batch["rewards"] * 3)
+    for name, factor in (("grpo", 1.0), ("dapo", 1.0), ("dr_grpo", 3.0)):
+        o = Objective(name, clip_low=0.9, clip_high=10.0)  # no clipping: linear in A
+        base = jax_loss_and_grad(o, batch, logp)[0]
+        assert jax_loss_and_grad(o, wide, logp)[0] == pytest.approx(factor * base, rel=1e-4)
+
+
+def _tokens(batch) -> np.ndarray:
+    """[P, G, T] bool: the tokens the loss sees (generated, and not the first position)."""
+    on = batch["loss_mask"] > 0
+    on[..., 0] = False
+    return on
+
+
+def test_dr_grpo_weighs_every_token_alike_sequence_grpo_does_not():
+    """Per-token gradient weight |d loss / d logp| / |A| at ratio 1: one constant for Dr. GRPO,
+    1 / (its sequence's length) x a constant for GRPO with sequence aggregation."""
+    batch, logp = make_batch(5)
+    batch["old_logprobs"] = (logp * batch["loss_mask"]).astype(np.float32)  # ratio 1
+    n_i = np.broadcast_to(_tokens(batch).sum(-1, keepdims=True), logp.shape)
+    for name, agg, normalize in (("dr_grpo", "token", False), ("grpo", "sequence", True)):
+        g = jax_loss_and_grad(Objective(name, aggregation=agg, norm_length=T), batch, logp)[1]
+        a = np.broadcast_to(np.abs(np_advantages(batch["rewards"], normalize))[..., None], g.shape)
+        on = _tokens(batch) & (a > 0)
+        weight = np.abs(g)[on] / a[on]
+        if name == "dr_grpo":
+            np.testing.assert_allclose(weight, 1 / (P * G * T), rtol=1e-5)
+        else:
+            assert np.ptp(weight) > 0
+            np.testing.assert_allclose(weight * n_i[on], weight[0] * n_i[on][0], rtol=1e-5)
+
+
+def test_gspo_clips_whole_sequences_dapo_single_tokens():
+    """One token of a positive-advantage rollout far above its old probability: DAPO clips that
+    token only; GSPO's sequence ratio exceeds 1 + 4e-4, so the whole sequence carries no
+    gradient, while a sequence whose ratio is exactly 1 keeps gradient on every token."""
+    batch, logp = make_batch(6)
+    batch["old_logprobs"] = (logp * batch["loss_mask"]).astype(np.float32)
+    batch["rewards"][2] = [1.0, 0.0, 0.0, 0.0]  # group 2, rollout 0: A > 0
+    on = _tokens(batch)
+    t_hot = np.flatnonzero(on[2, 0])[0]
+    batch["old_logprobs"][2, 0, t_hot] -= 1.0
+    g_gspo = jax_loss_and_grad(Objective("gspo", clip_low=3e-4, clip_high=4e-4), batch, logp)[1]
+    g_dapo = jax_loss_and_grad(Objective("dapo"), batch, logp)[1]
+    assert (g_gspo[2, 0][on[2, 0]] == 0).all()
+    assert (g_gspo[2, 1][on[2, 1]] != 0).all()
+    others = on[2, 0] & (np.arange(T) != t_hot)
+    assert g_dapo[2, 0, t_hot] == 0 and (g_dapo[2, 0][others] != 0).all()
+
+
+def test_objective_from_config():
+    rl = base_config().rl
+    assert objective_from_config(rl) == Objective(norm_length=rl.max_len)
+    rl.objective = "gspo"
+    o = objective_from_config(rl)
+    assert (o.name, o.clip_low, o.clip_high) == ("gspo", rl.gspo_clip_low, rl.gspo_clip_high)
+    rl.objective = "dr_grpo"
+    assert objective_from_config(rl).clip_high == rl.clip_high
+    with pytest.raises(ValueError, match="expected one of grpo, dr_grpo, dapo, gspo"):
+        Objective("ppo")
+
+
+# ----------------------------------------------------------------------------- dynamic sampling
+
+
+@dataclasses.dataclass
+class Fake:
+    rewards: np.ndarray
+
+
+def fake_draws(informative_per_round: list[list[bool]], group_size: int = 3):
+    """draw(round, n) returning the given rounds' groups: informative -> rewards 0, 1, 0, ..."""
+    calls = []
+
+    def draw(rnd: int, n: int) -> Fake:
+        calls.append((rnd, n))
+        flags = informative_per_round[rnd][:n]
+        assert len(flags) == n
+        r = np.zeros((n, group_size), np.float32)
+        r[np.asarray(flags), 1] = 1.0
+        return Fake(r)
+
+    return draw, calls
+
+
+def trained_rewards(filled) -> np.ndarray:
+    return np.concatenate(
+        [d.rewards[t] for d, t in zip(filled.rounds, filled.trained, strict=True)]
+    )
+
+
+def test_fill_groups_keeps_only_informative_groups_and_counts_the_extra_rollouts():
+    draw, calls = fake_draws([[True, False, True, False], [False, True], [True]])
+    filled = fill_groups(draw, 4, 3, budget=10**6, dynamic=True, max_rounds=4)
+    assert calls == [(0, 4), (1, 2), (2, 1)]  # each round draws what is still missing
+    kept = trained_rewards(filled)
+    assert kept.shape == (4, 3) and (kept.max(1) != kept.min(1)).all()
+    assert filled.generated == (4 + 2 + 1) * 3 and filled.num_trained == 4
+
+
+def test_fill_groups_cap_budget_minibatches_and_plain_grpo():
+    never = [[False] * 4] * 4
+    draw, calls = fake_draws(never)
+    capped = fill_groups(draw, 4, 3, budget=10**6, dynamic=True, max_rounds=3)
+    assert calls == [(0, 4), (1, 4), (2, 4)] and capped.num_trained == 0
+    assert capped.generated == 36
+    draw, calls = fake_draws(never)
+    assert fill_groups(draw, 4, 3, budget=20, dynamic=True).generated == 18  # 4 + 2 groups
+    assert calls == [(0, 4), (1, 2)]
+    draw, _ = fake_draws([[True, True, False, True], [False]])
+    cut = fill_groups(draw, 4, 3, budget=15, dynamic=True, multiple_of=2)
+    assert cut.num_trained == 2 and cut.trained[0].tolist() == [True, True, False, False]
+    draw, calls = fake_draws([[True, False, False, True]])
+    plain = fill_groups(draw, 4, 3, budget=10**6, dynamic=False)
+    assert calls == [(0, 4)] and plain.num_trained == 4 and plain.generated == 12
