@@ -184,9 +184,7 @@ def _state(params, mesh, wd=0.0):
 def test_equal_rewards_leave_params_unchanged(params):
     mesh = models.make_mesh((4, 1, 2))
     state, optimizer, shardings = _state(params, mesh)
-    step = make_rl_step(
-        CFG, rl.Objective(kl_beta=0.0), optimizer, mesh=mesh, shardings=shardings
-    )
+    step = make_rl_step(CFG, rl.Objective(kl_beta=0.0), optimizer, mesh=mesh, shardings=shardings)
     batch, _ = make_batch(params, equal_rewards=True, kl=False)
     before = jax.tree.map(np.asarray, state.params)
     state, metrics = step(state, batch)
