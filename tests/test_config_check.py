@@ -76,7 +76,7 @@ BAD = [
     ("rl.optim.grad_accum=3", "rl.optim.grad_accum"),
     ("train.optim.grad_accum=3", "train.optim.grad_accum"),
 ]
-BAD[2] = ("env.categories=('multi_turn_nope',)", "env.categories")
+BAD[2] = ("env.bfcl.categories=('multi_turn_nope',)", "env.bfcl.categories")
 
 
 @pytest.mark.parametrize("override,key", BAD, ids=[k for _, k in BAD])

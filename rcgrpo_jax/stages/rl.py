@@ -3,7 +3,7 @@
 One RL iteration, read top to bottom:
 1. draw P training prompts (seeded by iteration: resume needs no iterator state);
 2. draw each rollout's reward token: r_j ~ P_sample(r) for RC-GRPO; GRPO: `rl.grpo_token`;
-3. run the P × G multi-turn rollouts (KV cache kept across turns), rewards from the BFCL checker;
+3. run the P × G multi-turn rollouts (KV cache kept across turns), rewards from the environment;
 4. `rl.epochs` × `rl.minibatches` fused train steps over whole groups (advantages in the step);
 5. log, evaluate every `rl.eval_every` iterations (conditioned on `<|high_reward|>` where the
    rollouts carry it),
@@ -117,8 +117,9 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     tokenizer = setup.tokenizer_from_config(config, rl.init_from)
     cfg, params = setup.model_from_config(config, mesh, hf_path=rl.init_from)
     cfg, params, _ = setup.ensure_reward_tokens(cfg, params, tokenizer, mesh)
+    env = setup.environment(config)
     train_pool = setup.fitting_entries(
-        setup.task_entries(config, "train"), tokenizer, config.model.chat_format,
+        env, setup.task_entries(config, "train"), tokenizer, config.model.chat_format,
         int(rl.max_len), "training entries for rl.max_len",
     )  # fmt: skip
     test_pool = setup.task_entries(config, "test")
@@ -185,6 +186,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
                 cfg,
                 state.params,
                 tokenizer,
+                env,
                 entries,
                 tokens,
                 settings,
