@@ -12,6 +12,7 @@ from conftest import REPO
 from test_stages import OVERRIDES, main
 
 from rcgrpo_jax import envs
+from rcgrpo_jax.envs.calls import format_call, parse_call
 from rcgrpo_jax.train.metrics import read_jsonl
 
 FILE = REPO / "examples" / "calculator_env.py"
@@ -48,7 +49,7 @@ def test_the_calculator_scores_what_the_tool_returned(calculator):
         assert right.messages[0]["content"].startswith("<|high_reward|>")
         tool = {"role": "tool", "name": op, "content": f'{{"result": {answer}}}'}
         assert right.messages[3] == tool  # what MathAPI itself returned
-        assert right.decoded == [[[f"{op}(a={a}, b={b})"]]]
+        assert right.decoded == [[[format_call(parse_call(task.truth))]]]  # as parsed
         wrong = play(env, task, f"[add(a={answer}, b=1)]", "done").result()
         assert (wrong.reward, wrong.error_type) == (0.0, "calculator:wrong_result")
     task = env.tasks("train")[0]
@@ -81,8 +82,8 @@ def test_grpo_trains_the_calculator_for_one_iteration(calculator, tmp_path):
     assert 0.0 <= metrics["eval_success"] <= 1.0 and metrics["env_errors"] == 0
     train_ids = {t.id for t in calculator.Calculator().tasks("train")}
     assert set(rollouts["entry_ids"]) <= train_ids
-    # the tokenizer was trained on the calculator's corpus: its system prompt is a few pieces
+    # the tokenizer was trained on the calculator's corpus: its system prompt is long pieces
     from transformers import PreTrainedTokenizerFast
 
     tok = PreTrainedTokenizerFast.from_pretrained(str(tmp_path / "tokenizer"))
-    assert len(tok.encode(calculator.SYSTEM, add_special_tokens=False)) <= 12
+    assert len(tok.encode(calculator.SYSTEM, add_special_tokens=False)) < len(calculator.SYSTEM) / 5
