@@ -57,8 +57,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.tokenizer_path = ""  # "" = model.hf_path
 
     c.env = ml_collections.ConfigDict()
-    c.env.benchmark = "bfcl"  # bfcl | synthetic
-    c.env.categories = BFCL_CATEGORIES  # BFCL categories used for training (bfcl benchmark)
+    # The environment (`envs.register`): bfcl | synthetic | a name `env.module` registers. Its
+    # options are `env.<benchmark>` (passed to its factory as keywords), for the eval stage with
+    # `eval.<benchmark>` laid over them.
+    c.env.benchmark = "bfcl"
+    c.env.module = ""  # a module to import first, e.g. "examples.calculator_env"
+    c.env.bfcl = ml_collections.ConfigDict({"categories": BFCL_CATEGORIES})  # training categories
     c.env.max_steps_per_turn = 20  # BFCL's MAXIMUM_STEP_LIMIT
     c.env.call_timeout_s = 5.0  # wall-clock limit of one simulator call: a hang ends its row only
     c.env.synthetic = ml_collections.ConfigDict({"num_train": 512, "num_test": 64, "seed": 0})
@@ -78,7 +82,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict()
     c.eval.policy = "model"  # model | ground_truth | empty
     c.eval.split = "test"  # test | train | all
-    c.eval.categories = BFCL_CATEGORIES
+    c.eval.bfcl = ml_collections.ConfigDict({"categories": BFCL_CATEGORIES})  # evaluated ones
     c.eval.max_entries = 0  # 0 = all entries of the split
     c.eval.max_new_tokens = 512  # per assistant step
     c.eval.max_len = 16384  # tokens per trajectory (prompt + all turns)

@@ -8,6 +8,7 @@ stage of training. It imports neither JAX nor a model: it runs before the backen
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -204,8 +205,9 @@ RULES: dict[str, Rule] = {
     "model.arch.max_position_embeddings": integer(1),
     "model.arch.family": choice(FAMILIES),
     "tokenizer_path": existing_path,
-    "env.benchmark": choice(("bfcl", "synthetic")),
-    "env.categories": subset(_categories),
+    "env.benchmark": text,  # a registered name: checked in _cross_checks
+    "env.module": text,
+    "env.bfcl.categories": subset(_categories),
     "env.max_steps_per_turn": integer(1),
     "env.call_timeout_s": number(0.0, lo_open=True),
     "env.synthetic.num_train": integer(1),
@@ -219,7 +221,7 @@ RULES: dict[str, Rule] = {
     "env.synthetic.difficulty.name_roles": boolean,
     "eval.policy": choice(("model", "ground_truth", "empty")),
     "eval.split": choice(("test", "train", "all")),
-    "eval.categories": subset(_categories),
+    "eval.bfcl.categories": subset(_categories),
     "eval.max_entries": integer(0),
     "eval.max_new_tokens": integer(1),
     "eval.max_len": integer(2),
@@ -277,8 +279,23 @@ def _fail(key: str, value: Any, want: str) -> UserError:
     return UserError(f"config.{key}={value!r}: expected {want}")
 
 
+def _environment_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
+    """env.module imports and env.benchmark names a registered environment."""
+    from rcgrpo_jax import envs
+
+    if c.env.module:
+        try:
+            importlib.import_module(c.env.module)
+        except ModuleNotFoundError as e:
+            yield _fail("env.module", c.env.module, f"an importable module ({e})")
+            return
+    if c.env.benchmark not in envs.names():
+        yield _fail("env.benchmark", c.env.benchmark, f"one of {', '.join(envs.names())}")
+
+
 def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
     """What involves several keys; yields the problems in the order a user would fix them."""
+    yield from _environment_checks(c)
     a = c.model.arch
     if not c.model.hf_path and a.num_heads % a.num_kv_heads:
         yield _fail(
@@ -342,8 +359,12 @@ def flatten(c: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:
 
 def validate(c: ml_collections.ConfigDict) -> None:
     """Raises UserError (one line) for the first bad key; returns None when the config is sound."""
+    # a registered environment's own options: its factory checks them when the stage builds it
+    own = (f"env.{c.env.benchmark}.", f"eval.{c.env.benchmark}.")
     for key, value in flatten(c).items():
         rule = RULES.get(key)
+        if rule is None and key.startswith(own):
+            continue
         if rule is None:
             raise UserError(f"config.{key} is not a known key (declare it in rcgrpo_jax/config.py)")
         want = rule(value)

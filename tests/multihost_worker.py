@@ -21,10 +21,10 @@ import zlib
 from absl import app
 
 from rcgrpo_jax import main
-from rcgrpo_jax.rl import rollout
+from rcgrpo_jax.envs import builtin
 
 
-class ChecksumRewardEpisode(rollout.Episode):
+class ChecksumRewardEpisode(builtin.Episode):
     def result(self):
         res = super().result()
         text = "\n".join(m["content"] for m in self.messages if m["role"] == "assistant")
@@ -37,7 +37,8 @@ class ChecksumRewardEpisode(rollout.Episode):
         return dataclasses.replace(res, reward=reward)
 
 
-rollout.Episode = ChecksumRewardEpisode  # only the rollouts' episodes (not task verification)
+# the environment's episodes (rollouts, prompt lengths), not those of task verification
+builtin.Episode = ChecksumRewardEpisode
 
 if __name__ == "__main__":
     app.run(main.main, flags_parser=main.parse_flags)

@@ -43,8 +43,8 @@ CATEGORY = "multi_turn_base"
 # Sizes, step counts and entry counts only; no length is overridden.
 SIZE_AND_STEPS = (
     "--config.model.dtype=float32",  # bf16 compute is slower on this CPU
-    f"--config.env.categories=('{CATEGORY}',)",  # 180 training entries (of 720)
-    f"--config.eval.categories=('{CATEGORY}',)",
+    f"--config.env.bfcl.categories=('{CATEGORY}',)",  # 180 training entries (of 720)
+    f"--config.eval.bfcl.categories=('{CATEGORY}',)",
     "--config.eval.max_entries=1",
     "--config.rctp.eval_entries=1",
     "--config.train.steps=1",
@@ -417,25 +417,26 @@ def test_prompts_longer_than_max_len_are_left_out_once(qwen_model, capsys):
     from transformers import AutoTokenizer
 
     from rcgrpo_jax import config as config_lib
-    from rcgrpo_jax import models
+    from rcgrpo_jax import envs, models
     from rcgrpo_jax.errors import UserError
     from rcgrpo_jax.stages import setup
     from rcgrpo_jax.stages.eval import success_rate
 
     tok = AutoTokenizer.from_pretrained(str(qwen_model))
     entries = bfcl.split_entries("test", CATEGORY)[:3]
-    lengths = [setup.prompt_length(tok, e, "qwen") for e in entries]
+    env = envs.get("bfcl")()
+    lengths = [setup.prompt_length(env, tok, e, "qwen") for e in entries]
     max_len = min(lengths) + setup.PROMPT_HEADROOM
     kept = [e for e, n in zip(entries, lengths, strict=True) if n == min(lengths)]
     assert 0 < len(kept) < len(entries)
     what = "evaluation entries for eval.max_len"
     for _ in range(2):
-        assert setup.fitting_entries(entries, tok, "qwen", max_len, what) == kept
+        assert setup.fitting_entries(env, entries, tok, "qwen", max_len, what) == kept
     err = capsys.readouterr().err
     note = f"note: {len(entries) - len(kept)} of {len(entries)} {what}={max_len} left out"
     assert err.count(note) == 1, err
     with pytest.raises(UserError, match="every prompt is longer"):
-        setup.fitting_entries(entries, tok, "qwen", min(lengths), what)
+        setup.fitting_entries(env, entries, tok, "qwen", min(lengths), what)
 
     c = config_lib.base_config()
     c.eval.max_len, c.eval.max_new_tokens, c.env.max_steps_per_turn = max_len, 1, 1

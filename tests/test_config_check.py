@@ -89,7 +89,7 @@ BAD = [
     ("train.optim.grad_accum=3", "train.optim.grad_accum"),
     ("rl.objective=ppo", "rl.objective"),
 ]
-BAD[2] = ("env.categories=('multi_turn_nope',)", "env.categories")
+BAD[2] = ("env.bfcl.categories=('multi_turn_nope',)", "env.bfcl.categories")
 
 
 @pytest.mark.parametrize("override,key", BAD, ids=[k for _, k in BAD])

@@ -7,6 +7,7 @@ import json
 import ml_collections
 import pytest
 
+from rcgrpo_jax import envs
 from rcgrpo_jax.envs import bfcl, prompts
 from rcgrpo_jax.envs.reward import EMPTY_TURN
 from rcgrpo_jax.errors import UserError
@@ -22,7 +23,7 @@ def make_config(workdir, **eval_overrides) -> ml_collections.ConfigDict:
             "eval": {
                 "policy": "ground_truth",
                 "split": "test",
-                "categories": bfcl.CATEGORIES,
+                "bfcl": {"categories": eval_overrides.pop("categories", bfcl.CATEGORIES)},
                 "max_entries": 0,
                 **eval_overrides,
             },
@@ -92,7 +93,7 @@ def test_model_policy_plug_with_a_fake_sampler(tmp_path, tokenizer_root):
     tok = AutoTokenizer.from_pretrained(str(tokenizer_root / "qwen2.5"))
     eot = prompts.end_of_turn_token(tok)
     config = make_config(tmp_path, policy="model", max_entries=2, batch_size=3)
-    entries = eval_stage.select_entries("test", bfcl.CATEGORIES, 2)
+    entries = eval_stage.select_entries(envs.get("bfcl")(), "test", 2)
     mirror = [bfcl.Episode(e, "qwen") for e in entries]  # replays the same trajectories
     pending: list[bfcl.Episode] = []  # the current round's episodes not yet answered
 

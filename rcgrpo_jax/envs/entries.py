@@ -48,6 +48,9 @@ class Entry:
     # Optional split of each turn's ground truth into assistant steps (synthetic tasks: look,
     # then act on what was seen). Empty: the whole turn is one step, as in BFCL.
     ground_truth_steps: tuple[tuple[tuple[str, ...], ...], ...] = ()
+    # The environment's choice of system prompt: a few lines with one signature per function
+    # (`prompts.system_message(compact=True)`, python call format) instead of BFCL's.
+    compact_prompt: bool = False
 
     @property
     def long_context(self) -> bool:
@@ -111,7 +114,8 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 @functools.cache
-def _function_docs(class_name: str) -> tuple[dict[str, Any], ...]:
+def function_docs(class_name: str) -> tuple[dict[str, Any], ...]:
+    """bfcl-eval's function docs of a simulator class (e.g. "MathAPI")."""
     return tuple(_read_jsonl(_data_dir() / "multi_turn_func_doc" / FUNC_DOC_FILES[class_name]))
 
 
@@ -142,7 +146,7 @@ def _load(category: str) -> tuple[Entry, ...]:
                 involved_classes=classes,
                 missed_function={int(k): tuple(v) for k, v in q.get("missed_function", {}).items()},
                 ground_truth=a["ground_truth"],
-                function_docs=tuple(d for c in classes for d in _function_docs(c)),
+                function_docs=tuple(d for c in classes for d in function_docs(c)),
             )
         )
     return tuple(entries)

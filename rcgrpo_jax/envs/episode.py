@@ -15,23 +15,14 @@ updated, so the caller ends the trajectory (`rl.rollout` scores it 0).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from rcgrpo_jax.envs import prompts
+from rcgrpo_jax.envs.base import Step
 from rcgrpo_jax.envs.calls import FORMATS, call_name, extract_calls
 from rcgrpo_jax.envs.entries import Entry, docs_added, docs_at_start, hidden_functions
 from rcgrpo_jax.envs.executor import CALL_TIMEOUT_S, execute_all, load_instances, method_table
 from rcgrpo_jax.envs.reward import RewardResult, trajectory_reward
 
 MAX_STEPS_PER_TURN = 20  # bfcl-eval's MAXIMUM_STEP_LIMIT
-
-
-@dataclass(frozen=True)
-class Step:
-    """What `Episode.step` hands back: messages to append after the assistant's, and done."""
-
-    messages: list[prompts.Message]
-    done: bool
 
 
 class Episode:
@@ -72,7 +63,7 @@ class Episode:
             self.chat_format,
             docs_at_start(self.entry),
             self.reward_token,
-            compact=self.entry.category in prompts.COMPACT_CATEGORIES,
+            compact=self.entry.compact_prompt,
         )
         self.messages: list[prompts.Message] = [system, *self._turn_messages(0)]
         return list(self.messages)

@@ -38,8 +38,7 @@ SYSTEM_PROMPT_PYTHON = (
     + f"\n\n{_STYLE['multiturn_behavior']}\n\n"
 )
 ADDED_FUNCTIONS_PROMPT = DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
-# Compact prompt (categories in COMPACT_CATEGORIES): the tiny demo's tasks, not BFCL's.
-COMPACT_CATEGORIES = frozenset({"synthetic"})
+# Compact prompt (entries with `compact_prompt`): the tiny demo's tasks, not BFCL's.
 COMPACT_SYSTEM_PROMPT = (
     "You control a file system. Functions:\n{functions}\n"
     "To act, reply only with calls like [f(a=1), g(b='x')]. When done, reply in words."
@@ -312,6 +311,17 @@ def render_with_mask(
         ids += piece
         mask += [int(is_assistant)] * len(piece)
     return ids, mask
+
+
+def continuation_ids(
+    tokenizer: Any, messages: Sequence[Message], tools: list[dict] | None = None
+) -> list[int]:
+    """Tokens the template puts after the last assistant message (tool results, next user turn,
+    generation prompt): the same pieces `prompt_ids` produces there, so a sampled row's cache
+    is extended by exactly what a fresh render would hold."""
+    segments = render_segments(tokenizer, messages, tools, add_generation_prompt=True)
+    last = max(i for i, (_, is_assistant) in enumerate(segments) if is_assistant)
+    return [t for text, _ in segments[last + 1 :] for t in _encode(tokenizer, text)]
 
 
 def prompt_ids(

@@ -4,7 +4,7 @@ BFCL's own prompts are ~4.5k tokens of tool docs, far too long for a model train
 scratch on two CPU cores. These tasks run on the same `GorillaFileSystem` simulator and come
 back as ordinary `Entry` objects (category "synthetic"), so `Episode`, the executor,
 `trajectory_reward` (R_state x R_action) and the reference policies apply unchanged; only the
-system prompt is compact (`prompts.COMPACT_CATEGORIES`) and the docs list a handful of
+system prompt is compact (`Entry.compact_prompt`) and the docs list a handful of
 functions in one line each.
 
 Every task is partially observable: the instruction names a pattern, keyword or extension,
@@ -690,6 +690,7 @@ def to_entry(task_id: str, index: int, config: dict, turns: Sequence[Turn]) -> E
         ground_truth=[[c for step in steps for c in step] for _, steps in turns],
         function_docs=FUNCTION_DOCS,
         ground_truth_steps=tuple(tuple(tuple(s) for s in steps) for _, steps in turns),
+        compact_prompt=True,
     )
 
 

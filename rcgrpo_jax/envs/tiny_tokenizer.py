@@ -23,7 +23,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,7 @@ def render(messages: Iterable[prompts.Message]) -> str:
     return "".join(f"{ROLE_TOKENS[m['role']]}{m['content']}{END_OF_TURN}" for m in messages)
 
 
-def train_sentencepiece(texts: Sequence[str], vocab_size: int) -> bytes:
+def train_sentencepiece(texts: Iterable[str], vocab_size: int) -> bytes:
     """A serialized BPE SentencePiece model; deterministic for the same texts.
 
     BPE rather than unigram: the corpus is templated, and BPE turns the repeated system
@@ -176,7 +176,22 @@ def load_or_train(
     tasks: Sequence[Entry],
     vocab_size: int = DEFAULT_VOCAB_SIZE,
 ) -> Any:
-    """The run's tokenizer from `workdir/tokenizer`, trained on `tasks` only if absent.
+    """The run's tokenizer from `workdir/tokenizer`, trained on the `corpus` of the synthetic
+    `tasks` only if absent."""
+
+    def texts() -> Iterator[str]:
+        yield from corpus(tasks)
+
+    return load_or_train_texts(workdir, texts(), vocab_size)
+
+
+def load_or_train_texts(
+    workdir: str | os.PathLike,
+    texts: Iterable[str],
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+) -> Any:
+    """The run's tokenizer from `workdir/tokenizer`, trained on `texts` only if absent (they
+    are not consumed otherwise: pass a generator to keep building them lazy).
 
     Written to a temporary folder and renamed, so an interrupted run leaves no half cache.
     A cached tokenizer of another requested vocab size is an error, not silently reused.
@@ -191,7 +206,7 @@ def load_or_train(
                 f"not {vocab_size}; use another workdir or delete it"
             )
         return load(directory)
-    proto = train_sentencepiece(corpus(tasks), vocab_size)
+    proto = train_sentencepiece(texts, vocab_size)
     tokenizer = from_sentencepiece(proto)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tokenizer-", dir=directory.parent))

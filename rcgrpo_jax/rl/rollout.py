@@ -30,8 +30,7 @@ from typing import Any
 import numpy as np
 
 from rcgrpo_jax import distributed
-from rcgrpo_jax.envs import prompts
-from rcgrpo_jax.envs.episode import Episode
+from rcgrpo_jax.envs import Environment, Episode, EpisodeSettings, prompts
 from rcgrpo_jax.envs.executor import CALL_TIMEOUT_S
 from rcgrpo_jax.envs.reward import ENV_ERROR, RewardResult
 from rcgrpo_jax.models import ModelConfig, Params
@@ -103,16 +102,6 @@ class Rollouts:
         }
 
 
-def continuation_ids(tokenizer: Any, episode: Episode) -> list[int]:
-    """Tokens the template puts after the last assistant message (tool results, next user turn,
-    generation prompt) — the same pieces `prompts.prompt_ids` would produce there."""
-    segments = prompts.render_segments(
-        tokenizer, episode.messages, episode.tools, add_generation_prompt=True
-    )
-    last = max(i for i, (_, is_assistant) in enumerate(segments) if is_assistant)
-    return [t for text, _ in segments[last + 1 :] for t in prompts._encode(tokenizer, text)]
-
-
 def stop_ids(tokenizer: Any) -> list[int]:
     eot = tokenizer.convert_tokens_to_ids(prompts.end_of_turn_token(tokenizer))
     ids = {eot}
@@ -125,6 +114,7 @@ def collect(
     cfg: ModelConfig,
     params: Params,
     tokenizer: Any,
+    env: Environment,
     entries: Sequence[Any],
     reward_tokens: np.ndarray,
     settings: RolloutSettings,
@@ -132,7 +122,8 @@ def collect(
     seed: int = 0,
     mesh: Any = None,
 ) -> Rollouts:
-    """Runs len(entries) × G trajectories to the end and returns them padded for training.
+    """Runs len(entries) × G trajectories of `env`'s tasks `entries` to the end and returns them
+    padded for training.
 
     reward_tokens [P, G]: the token each rollout is conditioned on (NONE: no token, plain GRPO).
     A trajectory that would outgrow `max_len` is ended there and scored on what it decoded.
@@ -151,9 +142,8 @@ def collect(
     for r in mine:  # only this process's environments exist here
         i, j = divmod(r, g)
         token = None if int(reward_tokens[i, j]) == NONE else int(reward_tokens[i, j])
-        opened = _guarded(
-            errors, r, entries[i], functools.partial(_open, entries[i], token, settings, tokenizer)
-        )
+        opener = functools.partial(_open, env, entries[i], token, settings, tokenizer)
+        opened = _guarded(errors, r, entries[i], opener)
         # [ok, *prompt]: a row whose environment could not be built starts (and at once ends)
         # on one token, never sampled from
         episodes[r], ids = opened or (None, [stops[0]])
@@ -236,12 +226,13 @@ def collect(
 _APPEND, _DONE, _TRUNCATED, _FAILED = 0, 1, 2, 3
 
 
-def _open(entry, token, settings, tokenizer) -> tuple[Episode, list[int]]:
+def _open(env, entry, token, settings, tokenizer) -> tuple[Episode, list[int]]:
     """A row's episode and its prompt tokens."""
-    episode = Episode(
-        entry, settings.chat_format, max_steps_per_turn=settings.max_steps_per_turn,
-        reward_token=token, call_timeout_s=settings.call_timeout_s,
-    )  # fmt: skip
+    episode = env.episode(
+        entry,
+        EpisodeSettings(settings.chat_format, settings.max_steps_per_turn, settings.call_timeout_s),
+        reward_token=token,
+    )
     return episode, prompts.prompt_ids(tokenizer, episode.messages, episode.tools)
 
 
@@ -252,7 +243,9 @@ def _advance(episode, tokenizer, toks, stopped, length, eot, settings) -> list[i
     if step.done:
         return [_DONE]
     # an unfinished message is closed by the template: the model did not sample that
-    more = ([] if stopped else [eot]) + continuation_ids(tokenizer, episode)
+    more = ([] if stopped else [eot]) + prompts.continuation_ids(
+        tokenizer, episode.messages, episode.tools
+    )
     if length + len(more) + 2 >= settings.max_len:
         return [_TRUNCATED]
     return [_APPEND, *more]

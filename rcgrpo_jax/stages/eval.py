@@ -1,4 +1,5 @@
-"""The `eval` stage: a policy on a split of BFCL v4 multi-turn, scored by our BFCL checker.
+"""The `eval` stage: a policy on a split of the configured environment's tasks, scored by the
+environment (BFCL v4 multi-turn: our BFCL checker).
 
 Writes under `<workdir>/eval/<split>-<policy>/`:
 - `entries.jsonl`: one line per entry (id, category, reward, state_ok, action_ok, error_type,
@@ -7,8 +8,9 @@ Writes under `<workdir>/eval/<split>-<policy>/`:
 - `table.txt`: the one-screen table that is also printed.
 
 Config keys read: workdir, eval.policy ('model' | 'ground_truth' | 'empty'), eval.split
-('test' | 'train' | 'all'), eval.categories, eval.max_entries (0 = all, else first N per category),
+('test' | 'train' | 'all'), eval.max_entries (0 = all, else first N per category),
 eval.reward_token (optional: None, 0 or 1), eval.batch_size (optional, model policy),
+env.benchmark with its options env.<benchmark> under eval.<benchmark> (e.g. eval.bfcl.categories),
 env.max_steps_per_turn, model.chat_format ('qwen' | 'llama' | 'python').
 """
 
@@ -21,8 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rcgrpo_jax.envs import bfcl
-from rcgrpo_jax.envs.entries import normalize_category
+from rcgrpo_jax.envs import Episode, EpisodeSettings, policies
 from rcgrpo_jax.envs.reward import ERROR_TYPES, RewardResult
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.stages import setup
@@ -52,39 +53,28 @@ def _check_split(split: str) -> None:
         raise UserError(f"eval.split={split!r}; expected 'train', 'test' or 'all'")
 
 
-def select_entries(split: str, categories: Sequence[str], max_entries: int) -> list[bfcl.Entry]:
-    """Entries of `split` ('train', 'test' or 'all') in each category, at most `max_entries`
-    per category (0 = all)."""
+def select_entries(env: Any, split: str, max_entries: int) -> list[Any]:
+    """`env`'s tasks of `split` ('train', 'test' or 'all' = both), at most `max_entries` per
+    category (0 = all), grouped by category in `env.categories` order."""
     _check_split(split)
+    tasks = [t for s in (("train", "test") if split == "all" else (split,)) for t in env.tasks(s)]
     out = []
-    for category in categories:
-        if split == "all":
-            entries = bfcl.load_entries(category)
-        else:
-            entries = bfcl.split_entries(split, category)
-        out += entries[:max_entries] if max_entries > 0 else entries
+    for category in env.categories:
+        of_category = [t for t in tasks if t.category == category]
+        out += of_category[:max_entries] if max_entries > 0 else of_category
     return out
 
 
-def synthetic_entries(config: Any, split: str, max_entries: int) -> list[bfcl.Entry]:
-    """The synthetic benchmark's tasks of `split` ('train', 'test' or 'all'), at most
-    `max_entries` (0 = all)."""
-    _check_split(split)
-    splits = ("train", "test") if split == "all" else (split,)
-    entries = [e for s in splits for e in setup.task_entries(config, s)]
-    return entries[:max_entries] if max_entries > 0 else entries
-
-
 def make_policy(
-    name: str, generate_fn: bfcl.GenerateFn | None, tokenizer: Any, batch_size: int = 0
-) -> bfcl.Policy:
+    name: str, generate_fn: policies.GenerateFn | None, tokenizer: Any, batch_size: int = 0
+) -> policies.Policy:
     """The named policy; 'model' needs the sampler's `generate_fn` and the tokenizer."""
-    if name in bfcl.REFERENCE_POLICIES:
-        return bfcl.REFERENCE_POLICIES[name]
+    if name in policies.REFERENCE_POLICIES:
+        return policies.REFERENCE_POLICIES[name]
     if name != "model":
         raise UserError(
             f"unknown eval policy {name!r}; expected 'model', "
-            f"{', '.join(map(repr, bfcl.REFERENCE_POLICIES))}"
+            f"{', '.join(map(repr, policies.REFERENCE_POLICIES))}"
         )
     if generate_fn is None or tokenizer is None:
         raise ModelPolicyUnavailable(
@@ -93,10 +83,10 @@ def make_policy(
             "list[list[int]] returns the new tokens of each prompt (e.g. sampling.generate(cfg, "
             "params, prompts, max_new_tokens, stop_token_ids=(end-of-turn id,)).tokens)."
         )
-    return bfcl.model_policy(generate_fn, tokenizer, batch_size)
+    return policies.model_policy(generate_fn, tokenizer, batch_size)
 
 
-def entry_record(episode: bfcl.Episode, result: RewardResult) -> dict[str, Any]:
+def entry_record(episode: Episode, result: RewardResult) -> dict[str, Any]:
     """The per-entry jsonl line."""
     return {
         "id": episode.entry.id,
@@ -159,20 +149,23 @@ def format_table(summary: dict[str, Any]) -> str:
 
 
 def model_episodes(
-    config: Any, entries: Sequence[bfcl.Entry], model: tuple[Any, Any], tokenizer: Any, mesh: Any
-) -> list[bfcl.Episode | None]:
+    config: Any, entries: Sequence[Any], model: tuple[Any, Any], tokenizer: Any, mesh: Any
+) -> list[Episode | None]:
     """Runs the model on `entries` with the RL rollout machinery (KV cache kept across turns),
     `eval.batch_size` entries at a time, one trajectory each. Multi-process: each process runs
     the environments of its share of every batch; the others' entries are None here."""
+    env = setup.environment(config)
     return [
-        e for ro in _model_rollouts(config, entries, model, tokenizer, mesh) for e in ro.episodes
+        e
+        for ro in _model_rollouts(config, env, entries, model, tokenizer, mesh)
+        for e in ro.episodes
     ]
 
 
 def _model_rollouts(
-    config: Any, entries: Sequence[bfcl.Entry], model: tuple[Any, Any], tokenizer: Any, mesh: Any
+    config: Any, env: Any, entries: Sequence[Any], model: tuple[Any, Any], tokenizer: Any, mesh: Any
 ) -> list[Any]:
-    """`rl.rollout.Rollouts` of `entries`, `eval.batch_size` (0 = all) entries at a time.
+    """`rl.rollout.Rollouts` of `env`'s `entries`, `eval.batch_size` (0 = all) at a time.
     Entries whose prompt alone does not fit `eval.max_len` are left out (said once)."""
     import numpy as np
 
@@ -186,10 +179,12 @@ def _model_rollouts(
         max_new_tokens=int(_cfg(config, "eval.max_new_tokens")),
         max_len=int(_cfg(config, "eval.max_len")),
         temperature=float(_cfg(config, "eval.temperature", 0.0)),
-        max_steps_per_turn=int(_cfg(config, "env.max_steps_per_turn", bfcl.MAX_STEPS_PER_TURN)),
+        max_steps_per_turn=int(
+            _cfg(config, "env.max_steps_per_turn", EpisodeSettings.max_steps_per_turn)
+        ),
     )
     entries = setup.fitting_entries(
-        entries, tokenizer, settings.chat_format, settings.max_len,
+        env, entries, tokenizer, settings.chat_format, settings.max_len,
         "evaluation entries for eval.max_len",
     )  # fmt: skip
     size = int(_cfg(config, "eval.batch_size", 0)) or len(entries)
@@ -197,7 +192,7 @@ def _model_rollouts(
     for i in range(0, len(entries), size):
         chunk = entries[i : i + size]
         tokens = np.full((len(chunk), 1), NONE if token is None else int(token), np.int32)
-        out.append(collect(cfg, params, tokenizer, chunk, tokens, settings, seed=i, mesh=mesh))
+        out.append(collect(cfg, params, tokenizer, env, chunk, tokens, settings, seed=i, mesh=mesh))
     return out
 
 
@@ -212,7 +207,7 @@ def success_rate(
     c.eval.reward_token = reward_token
     rewards = [
         float(x)
-        for ro in _model_rollouts(c, entries, model, tokenizer, mesh)
+        for ro in _model_rollouts(c, setup.environment(c), entries, model, tokenizer, mesh)
         for x in ro.rewards[:, 0]
     ]  # every entry's reward, whichever process ran it
     return sum(rewards) / max(len(rewards), 1)
@@ -220,7 +215,7 @@ def success_rate(
 
 def run(
     config: Any,
-    generate_fn: bfcl.GenerateFn | None = None,
+    generate_fn: policies.GenerateFn | None = None,
     tokenizer: Any = None,
     model: tuple[Any, Any] | None = None,
     mesh: Any = None,
@@ -233,16 +228,8 @@ def run(
     policy_name = _cfg(config, "eval.policy")
     split = _cfg(config, "eval.split", "test")
     max_entries = int(_cfg(config, "eval.max_entries", 0))
-    if _cfg(config, "env.benchmark", "bfcl") == "synthetic":  # its own tasks, one category
-        entries, categories = synthetic_entries(config, split, max_entries), ["synthetic"]
-    else:
-        try:
-            categories = [
-                normalize_category(c) for c in _cfg(config, "eval.categories", bfcl.CATEGORIES)
-            ]
-        except ValueError as e:
-            raise UserError(f"eval.categories: {e}") from None
-        entries = select_entries(split, categories, max_entries)
+    env = setup.environment(config, "eval")
+    entries, categories = select_entries(env, split, max_entries), list(env.categories)
     chat_format = _cfg(config, "model.chat_format", "qwen")
     batch_size = int(_cfg(config, "eval.batch_size", 0))
     use_rollouts = policy_name == "model" and generate_fn is None
@@ -253,13 +240,13 @@ def run(
     else:
         policy = make_policy(policy_name, generate_fn, tokenizer, batch_size)
 
-    max_steps = int(_cfg(config, "env.max_steps_per_turn", bfcl.MAX_STEPS_PER_TURN))
+    max_steps = int(_cfg(config, "env.max_steps_per_turn", EpisodeSettings.max_steps_per_turn))
     start = time.perf_counter()
     if use_rollouts:
         from rcgrpo_jax import distributed
 
         records = []
-        for ro in _model_rollouts(config, entries, model, tokenizer, mesh):
+        for ro in _model_rollouts(config, env, entries, model, tokenizer, mesh):
             mine = [
                 entry_record(e, res[0])
                 for e, res in zip(ro.episodes, ro.results, strict=True)
@@ -267,16 +254,10 @@ def run(
             ]  # this process's entries; gathered so that process 0 writes them all
             records += [r for part in distributed.allgather_objects(mine) for r in part]
     else:
-        episodes = [
-            bfcl.Episode(
-                entry,
-                chat_format,
-                max_steps_per_turn=max_steps,
-                reward_token=_cfg(config, "eval.reward_token", None),
-            )
-            for entry in entries
-        ]
-        bfcl.run_episodes(episodes, policy)
+        settings = EpisodeSettings(chat_format, max_steps_per_turn=max_steps)
+        token = _cfg(config, "eval.reward_token", None)
+        episodes = [env.episode(entry, settings, reward_token=token) for entry in entries]
+        policies.run_episodes(episodes, policy)
         records = [entry_record(e, e.result()) for e in episodes]
     summary = {
         "split": split,

@@ -3,7 +3,7 @@
 One RL iteration, read top to bottom:
 1. draw P training prompts (seeded by iteration: resume needs no iterator state);
 2. draw each rollout's reward token: r_j ~ P_sample(r) for RC-GRPO; GRPO: `rl.grpo_token`;
-3. run the P × G multi-turn rollouts (KV cache kept across turns), rewards from the BFCL checker;
+3. run the P × G multi-turn rollouts (KV cache kept across turns), rewards from the environment;
    with `rl.dynamic_sampling`, drop the groups whose rewards are all equal and repeat 1-3 for
    the missing groups (seeded by iteration and round), at most `rl.dynamic_max_rounds` rounds;
 4. `rl.epochs` × `rl.minibatches` fused train steps over whole groups (advantages in the step),
@@ -166,8 +166,9 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     tokenizer = setup.tokenizer_from_config(config, rl.init_from)
     cfg, params = setup.model_from_config(config, mesh, hf_path=rl.init_from)
     cfg, params, _ = setup.ensure_reward_tokens(cfg, params, tokenizer, mesh)
+    env = setup.environment(config)
     train_pool = setup.fitting_entries(
-        setup.task_entries(config, "train"), tokenizer, config.model.chat_format,
+        env, setup.task_entries(config, "train"), tokenizer, config.model.chat_format,
         int(rl.max_len), "training entries for rl.max_len",
     )  # fmt: skip
     test_pool = setup.task_entries(config, "test")
@@ -238,7 +239,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
                 entries = prompts_for(train_pool, n, config.seed, it, rnd, frozenset(drawn))
                 drawn.update(e.id for e in entries)
                 ro = collect(
-                    cfg, params, tokenizer, entries,
+                    cfg, params, tokenizer, env, entries,
                     reward_tokens_for(algo, rl, config.seed, it, n, rnd), settings,
                     seed=rollout_seed(config.seed, it, rnd), mesh=mesh,
                 )  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import weakref
@@ -72,22 +73,23 @@ def model_from_config(config: ml_collections.ConfigDict, mesh=None, hf_path: str
 
 def tokenizer_from_config(config: ml_collections.ConfigDict, model_path: str = ""):
     """The transformers tokenizer at `tokenizer_path`, else the one saved with the model
-    (`model_path`, e.g. a previous stage's export, or model.hf_path)."""
+    (`model_path`, e.g. a previous stage's export, or model.hf_path), else one trained in the
+    workdir on the environment's `tokenizer_corpus` (a model trained from scratch)."""
     from transformers import AutoTokenizer
 
     path = config.tokenizer_path or model_path or config.model.hf_path
-    if not path and config.env.benchmark == "synthetic":
+    corpus = None if path else environment(config).tokenizer_corpus()
+    if corpus is not None:
         from rcgrpo_jax import distributed
         from rcgrpo_jax.envs import tiny_tokenizer
 
-        tasks = task_entries(config, "train")
         vocab = int(config.model.arch.vocab_size)
-        train = lambda: tiny_tokenizer.load_or_train(Path(config.workdir), tasks, vocab_size=vocab)
+        train = lambda texts: tiny_tokenizer.load_or_train_texts(config.workdir, texts, vocab)
         # Multi-process: process 0 trains and writes it; the others then load that one (or, on a
         # workdir that is not shared, train the same deterministic tokenizer themselves).
-        tokenizer = train() if distributed.is_main_process() else None
+        tokenizer = train(corpus) if distributed.is_main_process() else None
         distributed.barrier("rcgrpo_tiny_tokenizer")
-        return tokenizer if tokenizer is not None else train()
+        return tokenizer if tokenizer is not None else train(corpus)
     if not path:
         raise UserError("no tokenizer: set tokenizer_path or model.hf_path")
     if not Path(path).is_dir():
@@ -129,20 +131,44 @@ def ensure_reward_tokens(cfg, params, tokenizer, mesh=None):
     return cfg, params, ids
 
 
+def _plain(value: Any) -> Any:
+    """A config value as plain Python: sub-trees as dicts, lists as tuples (hashable, frozen)."""
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+def environment(config: ml_collections.ConfigDict, section: str = "env"):
+    """The environment `env.benchmark` names, built from the options in `env.<benchmark>`;
+    `section="eval"` lays `eval.<benchmark>` over them (the eval stage's own selection).
+    `env.module` is imported first, so that a user's module can register its environment."""
+    from rcgrpo_jax import envs
+
+    module = config.env.get("module", "")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            raise UserError(f"env.module={module!r} cannot be imported: {e}") from None
+    name = config.env.get("benchmark", "bfcl")
+    try:
+        factory = envs.get(name)
+    except ValueError as e:
+        raise UserError(f"env.benchmark: {e}") from None
+    options = _plain(config.env.get(name, {}))
+    if section != "env":
+        options.update(_plain(config[section].get(name, {})))
+    try:
+        return factory(**options)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{section}.{name}: {e}") from None
+
+
 def task_entries(config: ml_collections.ConfigDict, split: str) -> list:
-    """Training or held-out entries of the configured benchmark."""
-    if config.env.benchmark == "bfcl":
-        from rcgrpo_jax.envs import bfcl
-
-        return [e for c in config.env.categories for e in bfcl.split_entries(split, c)]
-    if config.env.benchmark == "synthetic":
-        from rcgrpo_jax.envs import synthetic
-
-        s = config.env.synthetic
-        n = s.num_train if split == "train" else s.num_test
-        difficulty = {k: tuple(v) if isinstance(v, list) else v for k, v in s.difficulty.items()}
-        return synthetic.make_tasks(split, int(n), seed=int(s.seed), **difficulty)
-    raise UserError(f"env.benchmark={config.env.benchmark!r}; expected 'bfcl' or 'synthetic'")
+    """Training or held-out tasks of the configured environment."""
+    return list(environment(config).tasks(split))
 
 
 # The sampler keeps 2 slots of headroom and a row needs room for at least one sampled token.
@@ -151,40 +177,39 @@ _PROMPT_LENGTHS: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionar
 _SAID: set[str] = set()
 
 
-def prompt_length(tokenizer: Any, entry: Any, chat_format: str) -> int:
+def prompt_length(env: Any, tokenizer: Any, entry: Any, chat_format: str) -> int:
     """Tokens of `entry`'s first prompt (system prompt with a reward token, tools, first user
     turn, generation prompt): what a rollout starts from. Memoised per tokenizer."""
-    from rcgrpo_jax.envs import prompts
-    from rcgrpo_jax.envs.episode import Episode
+    from rcgrpo_jax.envs import EpisodeSettings, prompts
 
     cache = _PROMPT_LENGTHS.setdefault(tokenizer, {})
     key = (len(tokenizer), chat_format, entry.category, entry.id)
     if key not in cache:
         # the high token stands for either token (both render alike); without the token in the
         # vocabulary it is spelled in pieces, so this never undercounts a conditioned prompt
-        episode = Episode(entry, chat_format, reward_token=1)
+        episode = env.episode(entry, EpisodeSettings(chat_format=chat_format), reward_token=1)
         cache[key] = len(prompts.prompt_ids(tokenizer, episode.messages, episode.tools))
     return cache[key]
 
 
-def _prompt_length_or_none(tokenizer: Any, entry: Any, chat_format: str) -> int | None:
+def _prompt_length_or_none(env: Any, tokenizer: Any, entry: Any, chat_format: str) -> int | None:
     """`prompt_length`, or None when the entry's environment fails to start (a broken
     simulator or scenario): the run must not die of one environment."""
     try:
-        return prompt_length(tokenizer, entry, chat_format)
+        return prompt_length(env, tokenizer, entry, chat_format)
     except Exception:
         return None
 
 
 def fitting_entries(
-    entries: Sequence[Any], tokenizer: Any, chat_format: str, max_len: int, what: str
+    env: Any, entries: Sequence[Any], tokenizer: Any, chat_format: str, max_len: int, what: str
 ) -> list[Any]:
     """The entries whose first prompt leaves room to sample within `max_len` tokens (prompt +
     PROMPT_HEADROOM <= max_len); the others are left out, and that is said once per process and
     message on stderr. `what` names the pool and its limit, e.g. "training entries for
     rl.max_len". A trajectory that outgrows `max_len` later is truncated by the rollout."""
     room = max_len - PROMPT_HEADROOM
-    lengths = [_prompt_length_or_none(tokenizer, e, chat_format) for e in entries]
+    lengths = [_prompt_length_or_none(env, tokenizer, e, chat_format) for e in entries]
     # An entry whose prompt cannot be built stays in: the rollout's row guard records its error.
     kept = [e for e, n in zip(entries, lengths, strict=True) if n is None or n <= room]
     dropped = len(entries) - len(kept)
