@@ -320,7 +320,7 @@ def test_sampler_flash_equals_dense(hf_models, monkeypatch):
 
     def spy(*args, **kw):
         m = prepare(*args, **kw)
-        if not m.self_attn:  # cached attention (param_logical_axes also traces an init)
+        if not m.self_attn:  # the sampler's cached attention only
             key_blocks.append(m.live.shape[1] if m.kind == "flash" else 0)
         return m
 

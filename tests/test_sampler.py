@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
 from rcgrpo_jax import models, sampling
-from rcgrpo_jax.sampling import core
+from rcgrpo_jax.models import decoder
+from rcgrpo_jax.sampling import core, forward
 
 PROMPT_LENS = (5, 17, 11, 6)  # ragged: lengths differ by >= 5
 NEW = 32
@@ -99,6 +101,58 @@ def test_sampled_logprobs_equal_full_forward(hf_models, loaded):
     for p, g, lp in zip(prompts, out.tokens, out.logprobs, strict=True):
         assert len(lp) == len(g) == NEW
         np.testing.assert_allclose(lp, _hf_logprobs(torch_model, p, g), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen2_tied", "llama"])
+def test_cached_forward_equals_training_forward(hf_models, name, monkeypatch):
+    """Logits of a ragged prefill chunk, then of 3 one-token decode steps written at each row's
+    end, equal the training forward's (scanned and unrolled) over the same tokens; both run
+    through `decoder.decoder_layer`."""
+    cfg, params = models.load_hf(hf_models[name][1])
+    lens, steps, width = np.array([5, 11, 8], np.int32), 3, 12  # chunk [3, 12], right-padded
+    rng = np.random.default_rng(4)
+    seqs = [rng.integers(3, cfg.vocab_size, n + steps).astype(np.int32) for n in lens]
+    chunk = np.zeros((3, width), np.int32)
+    for r, n in enumerate(lens):
+        chunk[r, :n] = seqs[r][:n]
+    new = np.stack([s[n:] for s, n in zip(seqs, lens, strict=True)])
+    calls = {"cached": 0, "training": 0}
+    layer = decoder.decoder_layer
+
+    def spy(cfg, p, x, positions, mask, slot=None, kv_write=None):
+        calls["training" if slot is None else "cached"] += 1
+        return layer(cfg, p, x, positions, mask, slot, kv_write)
+
+    monkeypatch.setattr(decoder, "decoder_layer", spy)
+
+    @jax.jit
+    def cached(params, chunk, lens, new):
+        weights = decoder.unstack_layers(cfg, params)
+        cache = forward.init_cache(cfg, 3, 32)
+        positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), chunk.shape)
+        segments = (positions < lens[:, None]).astype(jnp.int32)
+        logits, cache = forward.apply_cached(cfg, weights, chunk, positions, segments, cache)
+        cache = cache.replace(end=lens)  # as `core.prefill`: the padding slots are free again
+        out = [jnp.take_along_axis(logits, (lens - 1)[:, None, None], axis=1)[:, 0]]
+        for j in range(steps):
+            end = cache.end[:, None]
+            step, cache = forward.apply_cached(
+                cfg, weights, new[:, j : j + 1], end, jnp.ones_like(end), cache
+            )
+            out.append(step[:, 0])
+        return jnp.stack(out, axis=1)  # [B, 1 + steps, V]: after the prompt, then each new token
+
+    got = np.asarray(cached(params, chunk, lens, new))
+    assert calls == {"cached": cfg.num_layers * (1 + steps), "training": 0}
+    for scan in (True, False):
+        c = cfg.replace(scan_layers=scan)
+        train = jax.jit(
+            lambda p, t, c=c: models.apply(c, p, t, jnp.arange(t.shape[1])[None], jnp.ones_like(t))
+        )
+        for r, n in enumerate(lens):
+            full = np.asarray(train(params, seqs[r][None]))[0]
+            np.testing.assert_allclose(got[r], full[n - 1 : n + steps], rtol=1e-5, atol=1e-5)
+    assert calls["training"] > 0
 
 
 def test_multi_turn_continuation_equals_fresh_prefill(loaded):

@@ -1,42 +1,68 @@
-"""Functional entry points over the Linen decoder: params are plain pytrees of arrays."""
+"""Functional entry points over the decoder: params are plain pytrees of arrays."""
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 
-from rcgrpo_jax.models import sharding
+from rcgrpo_jax.models import decoder, sharding, weights
 from rcgrpo_jax.models.config import ModelConfig
-from rcgrpo_jax.models.decoder import Decoder, lm_logits
+from rcgrpo_jax.models.weights import Params
 
-Params = dict[str, Any]
+_INITS = {
+    "normal": nn.initializers.normal(0.02),
+    "ones": nn.initializers.ones,
+    "zeros": nn.initializers.zeros,
+}
 
 
-def _dummy_inputs() -> tuple[jax.Array, jax.Array, jax.Array]:
-    z = jnp.zeros((1, 1), jnp.int32)
-    return z, z, z + 1
+class _Declare(nn.Module):
+    """Draws the random init of the weights under `prefix` in `models.weights` (Flax scopes keep
+    the random stream of each weight tied to its path: one child scope per path component, the
+    stacked layers under `nn.scan`, one key per layer)."""
 
+    cfg: ModelConfig
+    prefix: tuple[str, ...] = ()
 
-@functools.lru_cache(maxsize=32)
-def _boxed_shapes(cfg: ModelConfig):
-    return jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), *_dummy_inputs())["params"])
+    @nn.compact
+    def __call__(self, carry: None = None) -> tuple[None, None]:
+        cfg, n = self.cfg, len(self.prefix)
+        children: list[str] = []
+        for w in weights.weights(cfg):
+            if w.path[:n] != self.prefix:
+                continue
+            if len(w.path) == n + 1:
+                self.param(w.name, _INITS[w.init], w.shape(cfg), cfg.weight_dtype)
+            elif w.path[n] not in children:
+                children.append(w.path[n])
+        for child in children:
+            path = (*self.prefix, child)
+            if path == ("layers",):
+                stack = nn.scan(
+                    _Declare,
+                    variable_axes={"params": 0},
+                    split_rngs={"params": True},
+                    length=cfg.num_layers,
+                )
+                stack(cfg, path, name=child)(None)
+            else:
+                _Declare(cfg, path, name=child)()
+        return carry, None
 
 
 def param_shapes(cfg: ModelConfig) -> Params:
     """Abstract params (ShapeDtypeStruct leaves) — no memory is allocated."""
-    return nn.meta.unbox(_boxed_shapes(cfg))
+    return weights.shapes(cfg)
 
 
 def param_logical_axes(cfg: ModelConfig) -> Params:
-    """Pytree of logical-axis tuples, one per weight, as declared in the modules."""
-    specs = nn.get_partition_spec(_boxed_shapes(cfg))
-    return jax.tree.map(tuple, specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    """Pytree of logical-axis tuples, one per weight (`models.weights`)."""
+    return weights.logical_axes(cfg)
 
 
 def param_shardings(cfg: ModelConfig, mesh: Mesh) -> Params:
@@ -47,7 +73,7 @@ def init_params(cfg: ModelConfig, rng: jax.Array, mesh: Mesh | None = None) -> P
     """Random params (the tiny from-scratch model); created sharded when a mesh is given."""
 
     def init(key):
-        return nn.meta.unbox(Decoder(cfg).init(key, *_dummy_inputs())["params"])
+        return _Declare(cfg).init(key)["params"]
 
     out_shardings = None if mesh is None else param_shardings(cfg, mesh)
     with sharding.use_mesh(mesh):
@@ -69,12 +95,9 @@ def apply(
 ) -> jax.Array:
     """The decoder as a pure function (call it inside your own jit): float32 logits [B, T, V]
     (or [B, 1, V] at positions `logits_at` [B])."""
-    return Decoder(cfg).apply({"params": params}, tokens, positions, segments, logits_at)
-
-
-def head_weights(cfg: ModelConfig, params: Params) -> jax.Array:
-    """The output projection [E, V] (the embedding, transposed, when tied)."""
-    return params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
+    mask = decoder.self_attention_mask(cfg, segments)
+    hidden, _ = decoder.forward_hidden(cfg, params, tokens, positions, mask, logits_at)
+    return decoder.logits(cfg, params, hidden)
 
 
 LOGITS_CHUNK_BYTES = 1 << 30  # f32 logits of one head chunk, per device (`head_chunk`)
@@ -112,14 +135,15 @@ def token_logprobs(
     `valid` marks targets in the same non-zero segment as their context (packed examples never
     predict across a boundary). Both SFT and RL losses are built on this one function.
     """
-    hidden = Decoder(cfg).apply({"params": params}, tokens, positions, segments, return_hidden=True)
+    mask = decoder.self_attention_mask(cfg, segments)
+    hidden, _ = decoder.forward_hidden(cfg, params, tokens, positions, mask)
     hidden, targets = hidden[:, :-1], tokens[:, 1:].astype(jnp.int32)
     b, t, e = hidden.shape
-    head = head_weights(cfg, params).astype(cfg.compute_dtype)
+    head = decoder.head_weights(cfg, params).astype(cfg.compute_dtype)
     chunk = head_chunk(cfg, b, chunk)
 
     def one(h, y):
-        logits = lm_logits(cfg, h, head)
+        logits = decoder.lm_logits(cfg, h, head)
         logp_all = jax.nn.log_softmax(logits, axis=-1)
         picked = jnp.take_along_axis(logp_all, y[..., None], axis=-1)[..., 0]
         return picked, -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)

@@ -1,4 +1,4 @@
-"""Architecture config shared by Qwen2.5 and LLaMA-3.1 (one decoder, a few flags)."""
+"""Architecture config shared by the families (`models.families`): one decoder, a few flags."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax.numpy as jnp
+
+from rcgrpo_jax.models import weights
+from rcgrpo_jax.models.families import FAMILIES
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ATTENTION_KINDS = ("auto", "dense", "flash", "splash", "cudnn")  # see models/attention.py
@@ -48,7 +51,7 @@ class ModelConfig:
     qkv_bias: bool = False
     tie_embeddings: bool = False
     max_position_embeddings: int = 32768
-    family: str = "qwen2"  # "qwen2" | "llama": only used to name the HF architecture on export
+    family: str = "qwen2"  # a key of FAMILIES: the HF model_type and architecture on export
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     dtype: str = "float32"  # compute dtype of matmuls; norms and softmax always accumulate in f32
@@ -77,8 +80,8 @@ class ModelConfig:
             raise ValueError(f"attention={self.attention!r}; expected one of {ATTENTION_KINDS}")
         if self.flash_block < 1:
             raise ValueError(f"flash_block={self.flash_block} must be >= 1")
-        if self.family not in ("qwen2", "llama"):
-            raise ValueError(f"family={self.family!r}; expected 'qwen2' or 'llama'")
+        if self.family not in FAMILIES:
+            raise ValueError(f"family={self.family!r}; expected one of {tuple(FAMILIES)}")
 
     @property
     def compute_dtype(self) -> jnp.dtype:
@@ -93,11 +96,7 @@ class ModelConfig:
 
     def num_params(self) -> int:
         """Parameter count, for FLOP and memory estimates."""
-        e, h, kv, d = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
-        attn = e * h * d * 2 + e * kv * d * 2 + (h + 2 * kv) * d * self.qkv_bias
-        layer = attn + 3 * e * self.intermediate_size + 2 * e
-        embed = self.vocab_size * e * (1 if self.tie_embeddings else 2)
-        return self.num_layers * layer + embed + e
+        return weights.num_params(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:

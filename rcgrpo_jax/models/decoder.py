@@ -1,40 +1,36 @@
-"""One Flax Linen decoder for Qwen2.5 and LLaMA-3.1, used functionally.
+"""The decoder for every family (`models.families`), as pure functions over the param tree.
 
-The two families differ only in flags on `ModelConfig`: q/k/v biases (Qwen2), tied embeddings
-(Qwen2.5 <= 3B) and "llama3" rope scaling (LLaMA-3.1). Layers are stacked with `nn.scan`, so a
-7B model compiles one layer body; the remat policy comes from the config.
+Families differ only in flags on `ModelConfig`: q/k/v biases (Qwen2), tied embeddings
+(Qwen2.5 <= 3B) and "llama3" rope scaling (LLaMA-3.1). The weights are declared once, in
+`models.weights`; here is the math over them, bottom up: the layer pieces (`project_qkv`,
+`mlp`, ...), one pre-norm layer (`decoder_layer`), the layer stack (`run_layers`: `lax.scan`
+over the stacked weights, so a 7B model compiles one layer body, or unrolled; remat policy from
+the config), and embedding -> stack -> final norm (`forward_hidden`) before the head (`logits`).
+The training forward (`models.api`) and the sampler's KV-cache forward (`sampling.forward`,
+which passes each layer its cache slot) both run through these.
 
 Attention masking is expressed with *segments* and *slots*, which covers training with left or
 right padding, packed sequences, and KV-cache continuation with one rule: a query at slot q sees
 key slot s iff s <= q and both carry the same non-zero segment id (0 = padding / empty). The
 kernels that compute it (dense | flash | splash | cudnn, `ModelConfig.attention`) live in
 `models.attention`.
-
-The layer math lives in pure functions (`project_qkv`, `mlp`, ...; attention in
-`models.attention`) that the Linen modules here and the sampler's cached forward
-(`sampling.forward`) share.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rcgrpo_jax.models import attention
+from rcgrpo_jax.models import attention, weights
 from rcgrpo_jax.models.config import ModelConfig
 from rcgrpo_jax.models.sharding import constrain
-
-
-def _param(
-    module: nn.Module, name: str, init, shape: tuple[int, ...], axes: tuple[str, ...], dtype
-):
-    """Declares a weight once, with its shape and logical axes."""
-    return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+from rcgrpo_jax.models.weights import Params
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
@@ -67,8 +63,7 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
 
 
 # ---------------------------------------------------------------------------------------------
-# The layer math as pure functions: the Linen modules below (training, scoring) and the sampler's
-# cached forward (`sampling.forward`) both call these, so there is one copy of it.
+# The layer pieces.
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -159,77 +154,48 @@ def lm_logits(cfg: ModelConfig, x: jax.Array, head: jax.Array) -> jax.Array:
     return constrain(logits, ("act_batch", "act_len", "act_vocab"))
 
 
+def head_weights(cfg: ModelConfig, params: Params) -> jax.Array:
+    """The output projection [E, V]: the embedding, transposed, when tied."""
+    return params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
+
+
+def final_norm(cfg: ModelConfig, params: Params, x: jax.Array) -> jax.Array:
+    return rms_norm(x, params["final_norm"]["scale"], cfg.rms_norm_eps)
+
+
 # ---------------------------------------------------------------------------------------------
-# Linen modules: each declares its weights once (shape + logical axes), then calls the math above.
+# The layer and the layer stack, shared by the training forward (`forward_hidden`) and the
+# sampler's cached forward (`sampling.forward`), which passes each layer its KV-cache slot.
+
+ACT = ("act_batch", "act_len", "act_embed")
+# A layer's cache slot: (slot, keys^T [B, KV, D, T], values [B, KV, T, D]) -> the keys and
+# values to attend over (same layouts, over the cache's slots) and the updated slot.
+KVWrite = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, jax.Array, Any]]
 
 
-class RMSNorm(nn.Module):
-    eps: float
-    param_dtype: jnp.dtype
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        scale = _param(
-            self, "scale", nn.initializers.ones, (x.shape[-1],), ("norm",), self.param_dtype
-        )
-        return rms_norm(x, scale, self.eps)
-
-
-class Attention(nn.Module):
-    cfg: ModelConfig
-
-    @nn.compact
-    def __call__(self, x, positions, mask: attention.Mask):
-        cfg = self.cfg
-        e, h, kv, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        pd = cfg.weight_dtype
-        init, zeros = nn.initializers.normal(0.02), nn.initializers.zeros
-        p = {
-            "wq": _param(self, "wq", init, (e, h, d), ("embed", "q_heads", "head_dim"), pd),
-            "wk": _param(self, "wk", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), pd),
-            "wv": _param(self, "wv", init, (e, kv, d), ("embed", "kv_heads", "head_dim"), pd),
-            "wo": _param(self, "wo", init, (h, d, e), ("q_heads", "head_dim", "embed"), pd),
-        }
-        if cfg.qkv_bias:
-            p["bq"] = _param(self, "bq", zeros, (h, d), ("q_heads", "head_dim"), pd)
-            p["bk"] = _param(self, "bk", zeros, (kv, d), ("kv_heads", "head_dim"), pd)
-            p["bv"] = _param(self, "bv", zeros, (kv, d), ("kv_heads", "head_dim"), pd)
-        q, k, v = project_qkv(cfg, p, x, positions)
-        keys_t = constrain(
-            k.transpose(0, 2, 3, 1), ("act_batch", "act_kv_heads", "head_dim", "act_len")
-        )
-        values = constrain(
-            v.transpose(0, 2, 1, 3), ("act_batch", "act_kv_heads", "act_len", "head_dim")
-        )
-        return attention_out(cfg, p, attention.apply(cfg, q, keys_t, values, mask))
-
-
-class Mlp(nn.Module):
-    cfg: ModelConfig
-
-    @nn.compact
-    def __call__(self, x):
-        cfg = self.cfg
-        e, m, pd = cfg.hidden_size, cfg.intermediate_size, cfg.weight_dtype
-        init = nn.initializers.normal(0.02)
-        p = {
-            "w_gate": _param(self, "w_gate", init, (e, m), ("embed", "mlp"), pd),
-            "w_up": _param(self, "w_up", init, (e, m), ("embed", "mlp"), pd),
-            "w_down": _param(self, "w_down", init, (m, e), ("mlp", "embed"), pd),
-        }
-        return mlp(cfg, p, x)
-
-
-class DecoderLayer(nn.Module):
-    cfg: ModelConfig
-
-    @nn.compact
-    def __call__(self, x, positions, mask):
-        cfg = self.cfg
-        norm = functools.partial(RMSNorm, cfg.rms_norm_eps, cfg.weight_dtype)
-        x = x + Attention(cfg, name="attn")(norm(name="attn_norm")(x), positions, mask)
-        x = x + Mlp(cfg, name="mlp")(norm(name="mlp_norm")(x))
-        return constrain(x, ("act_batch", "act_len", "act_embed")), None
+def decoder_layer(
+    cfg: ModelConfig,
+    p: Params,
+    x: jax.Array,
+    positions: jax.Array,
+    mask: attention.Mask,
+    slot: Any = None,
+    kv_write: KVWrite | None = None,
+) -> tuple[jax.Array, Any]:
+    """One pre-norm block: x + attn(norm(x)), then + mlp(norm(.)). `p` is one layer's weights
+    (the "layers" subtree of `models.weights`, unstacked). Without a `slot` the layer attends
+    over its own keys (training); with one, `kv_write` stores them and returns what to attend."""
+    eps = cfg.rms_norm_eps
+    q, k, v = project_qkv(cfg, p["attn"], rms_norm(x, p["attn_norm"]["scale"], eps), positions)
+    keys_t, values = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+    if slot is None:
+        keys_t = constrain(keys_t, ("act_batch", "act_kv_heads", "head_dim", "act_len"))
+        values = constrain(values, ("act_batch", "act_kv_heads", "act_len", "head_dim"))
+    else:
+        keys_t, values, slot = kv_write(slot, keys_t, values)
+    x = x + attention_out(cfg, p["attn"], attention.apply(cfg, q, keys_t, values, mask))
+    x = x + mlp(cfg, p["mlp"], rms_norm(x, p["mlp_norm"]["scale"], eps))
+    return constrain(x, ACT), slot
 
 
 _REMAT = {
@@ -239,72 +205,80 @@ _REMAT = {
 }
 
 
-class Decoder(nn.Module):
-    cfg: ModelConfig
-
-    @nn.compact
-    def __call__(
-        self,
-        tokens,
-        positions,
-        segments,
-        logits_at=None,
-        return_hidden: bool = False,
-    ):
-        """tokens/positions/segments [B, T] -> logits [B, T, V] float32 (or [B, 1, V] at
-        positions `logits_at` [B]). With `return_hidden`, the final-normed hidden states
-        [B, T, E] replace the logits, so a caller can apply the head in chunks
-        (`api.token_logprobs`) instead of materialising [B, T, V] — 20 GB in f32 for 4 × 8k
-        tokens of a 152k vocabulary. (Cached inference: `sampling.forward`, same math.)
-        """
-        cfg = self.cfg
-        embedding = _param(
-            self,
-            "embedding",
-            nn.initializers.normal(0.02),
-            (cfg.vocab_size, cfg.hidden_size),
-            ("vocab", "embed"),
-            cfg.weight_dtype,
+def unstack_layers(cfg: ModelConfig, params: Params) -> Params:
+    """The params with `layers` as a tuple of per-layer trees, each sharded like its slice.
+    Call inside a jit, once per call: the sampler does, outside its decode loop, where slicing
+    stacked weights would copy every weight on every step."""
+    axes = weights.logical_axes(cfg)["layers"]
+    layers = tuple(
+        jax.tree.map(
+            lambda ax, w, i=i: constrain(w[i], ax[1:]),
+            axes,
+            params["layers"],
+            is_leaf=weights.is_axes,
         )
-        x = constrain(embed(cfg, embedding, tokens), ("act_batch", "act_len", "act_embed"))
-        slots = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-        # Init only needs shapes: dense there, so a kernel this backend lacks fails only when run.
-        kind_cfg = cfg.replace(attention="dense") if self.is_initializing() else cfg
-        mask = attention.prepare(kind_cfg, slots, segments, segments, self_attn=True)
+        for i in range(cfg.num_layers)
+    )
+    return {**params, "layers": layers}
 
-        layer = DecoderLayer
-        if cfg.remat != "none":
-            layer = nn.remat(layer, policy=_REMAT[cfg.remat], prevent_cse=False)
-        stack = nn.scan(
-            layer,
-            variable_axes={"params": 0},
-            split_rngs={"params": True},
-            in_axes=(nn.broadcast, nn.broadcast),
-            length=cfg.num_layers,
-            metadata_params={nn.PARTITION_NAME: "layers"},
-        )(cfg, name="layers")
-        if cfg.scan_layers or self.is_initializing():
-            x, _ = stack(x, positions, mask)
-        else:  # same stacked weights, one layer at a time (see ModelConfig.scan_layers)
-            stacked = nn.unbox(self.variables["params"]["layers"])
-            for i in range(cfg.num_layers):
-                p_i = jax.tree.map(lambda w, i=i: w[i], stacked)
-                x, _ = layer(cfg, parent=None).apply({"params": p_i}, x, positions, mask)
 
-        if logits_at is not None:
-            x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)
-        x = RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype, name="final_norm")(x)
-        if cfg.tie_embeddings:
-            head = embedding.T
-        else:
-            head = _param(
-                self,
-                "lm_head",
-                nn.initializers.normal(0.02),
-                (cfg.hidden_size, cfg.vocab_size),
-                ("embed", "vocab"),
-                cfg.weight_dtype,
-            )
-        if return_hidden:  # the caller applies the head (in chunks)
-            return x
-        return lm_logits(cfg, x, head)
+def run_layers(
+    cfg: ModelConfig,
+    layers: Params | tuple[Params, ...],
+    x: jax.Array,
+    positions: jax.Array,
+    mask: attention.Mask,
+    slots: tuple[Any, ...] | None = None,
+    kv_write: KVWrite | None = None,
+) -> tuple[jax.Array, tuple[Any, ...] | None]:
+    """The layer stack. Training: `layers` stacked [L, ...], run under `lax.scan` (or, with
+    `cfg.scan_layers` False, as an unrolled loop over slices of the same weights), with the
+    config's remat policy. Cached (the sampler): `layers` from `unstack_layers` and one cache
+    `slot` per layer, unrolled so that each layer updates its own buffers in place; no remat
+    (nothing is differentiated)."""
+    if slots is not None:
+        new_slots = []
+        for p_i, slot in zip(layers, slots, strict=True):
+            x, slot = decoder_layer(cfg, p_i, x, positions, mask, slot, kv_write)
+            new_slots.append(slot)
+        return x, tuple(new_slots)
+    layer = lambda p, h, pos, m: decoder_layer(cfg, p, h, pos, m)[0]
+    if cfg.remat != "none":
+        layer = jax.checkpoint(layer, policy=_REMAT[cfg.remat], prevent_cse=False)
+    if cfg.scan_layers:
+        x, _ = jax.lax.scan(lambda h, p: (layer(p, h, positions, mask), None), x, layers)
+    else:
+        for i in range(cfg.num_layers):
+            x = layer(jax.tree.map(lambda w, i=i: w[i], layers), x, positions, mask)
+    return x, None
+
+
+def forward_hidden(
+    cfg: ModelConfig,
+    params: Params,
+    tokens: jax.Array,
+    positions: jax.Array,
+    mask: attention.Mask,
+    logits_at: jax.Array | None = None,
+    slots: tuple[Any, ...] | None = None,
+    kv_write: KVWrite | None = None,
+) -> tuple[jax.Array, tuple[Any, ...] | None]:
+    """Embedding -> layers -> final norm: hidden states [B, T, E] (or [B, 1, E] at positions
+    `logits_at` [B]) ready for the head, and the updated cache slots. Callers apply the head
+    (`logits`, or `api.token_logprobs` in chunks) and build `mask` (`attention.prepare`)."""
+    x = constrain(embed(cfg, params["embedding"], tokens), ACT)
+    x, slots = run_layers(cfg, params["layers"], x, positions, mask, slots, kv_write)
+    if logits_at is not None:
+        x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)
+    return final_norm(cfg, params, x), slots
+
+
+def self_attention_mask(cfg: ModelConfig, segments: jax.Array) -> attention.Mask:
+    """The training forward's mask: tokens [B, T] at slots 0..T-1 see their own segment."""
+    slots = jnp.broadcast_to(jnp.arange(segments.shape[1], dtype=jnp.int32), segments.shape)
+    return attention.prepare(cfg, slots, segments, segments, self_attn=True)
+
+
+def logits(cfg: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
+    """The head over final-normed hidden states: float32 logits [B, T, V]."""
+    return lm_logits(cfg, hidden, head_weights(cfg, params))

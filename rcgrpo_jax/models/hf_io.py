@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ from jax.sharding import Mesh
 
 from rcgrpo_jax.models import api
 from rcgrpo_jax.models.config import ModelConfig, RopeScaling
+from rcgrpo_jax.models.families import FAMILIES
+from rcgrpo_jax.models.weights import Weight, lookup, nest, weights
 
 
 class CheckpointError(ValueError):
@@ -55,16 +58,18 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 def config_from_hf(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
     """Maps a transformers config.json (v4 `rope_scaling` or v5 `rope_parameters`) to ours."""
     model_type = hf.get("model_type")
-    if model_type not in ("qwen2", "llama"):
+    if model_type not in FAMILIES:
         raise CheckpointError(
-            f"config.json: model_type {model_type!r} is not supported (qwen2, llama)"
+            f"config.json: model_type {model_type!r} is not supported ({', '.join(FAMILIES)})"
         )
+    family = FAMILIES[model_type]
     if hf.get("hidden_act", "silu") != "silu":
         raise CheckpointError(
             f"config.json: hidden_act {hf['hidden_act']!r} is not supported (silu)"
         )
-    if hf.get("mlp_bias") or (model_type == "llama" and hf.get("attention_bias")):
-        raise CheckpointError("config.json: llama attention_bias/mlp_bias are not supported")
+    on = [k for k in dict.fromkeys(("mlp_bias", *family.off_flags)) if hf.get(k)]
+    if on:
+        raise CheckpointError(f"config.json: {model_type} {'/'.join(on)} not supported")
     if hf.get("use_sliding_window"):
         raise CheckpointError("config.json: use_sliding_window=true is not supported")
     rope = dict(hf.get("rope_parameters") or {})
@@ -98,7 +103,7 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         rope_theta=theta,
         rope_scaling=rope_scaling,
-        qkv_bias=model_type == "qwen2",
+        qkv_bias=family.qkv_bias,
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
         family=model_type,
@@ -114,8 +119,9 @@ def config_to_hf(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
     if cfg.rope_scaling is not None:
         rope.update(dataclasses.asdict(cfg.rope_scaling), rope_type="llama3")
     eos = cfg.eos_token_id
+    family = FAMILIES[cfg.family]
     out: dict[str, Any] = {
-        "architectures": ["Qwen2ForCausalLM" if cfg.family == "qwen2" else "LlamaForCausalLM"],
+        "architectures": [family.architecture],
         "model_type": cfg.family,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
@@ -133,112 +139,26 @@ def config_to_hf(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
         "eos_token_id": list(eos) if isinstance(eos, tuple) else eos,
         "dtype": dtype,
     }
-    if cfg.family == "llama":
-        out.update(attention_bias=False, mlp_bias=False)
-    if cfg.qkv_bias != (cfg.family == "qwen2"):
+    out.update(dict.fromkeys(family.off_flags, False))
+    if cfg.qkv_bias != family.qkv_bias:
         raise CheckpointError(f"cannot export qkv_bias={cfg.qkv_bias} as a {cfg.family} checkpoint")
     return out
 
 
 # ----------------------------------------------------------------------------- weight mapping
+# Names and layouts come from `models.weights` (`Weight.hf_name`, `Weight.hf_dims`).
 
 
-@dataclasses.dataclass(frozen=True)
-class _Weight:
-    """One of our weights and the HF tensor(s) it corresponds to."""
-
-    path: tuple[str, ...]  # key path in our param tree
-    hf_name: str  # "{i}" is the layer index for per-layer weights
-    to_ours: Callable[[np.ndarray, ModelConfig], np.ndarray]
-    to_hf: Callable[[np.ndarray, ModelConfig], np.ndarray]
-
-    @property
-    def per_layer(self) -> bool:
-        return "{i}" in self.hf_name
+def to_hf(w: Weight, x: np.ndarray) -> np.ndarray:
+    """One layer's (or an unstacked) weight in transformers' layout."""
+    order = [d for group in w.hf_dims for d in group]
+    return x.transpose(order).reshape([math.prod(x.shape[d] for d in g) for g in w.hf_dims])
 
 
-def _same(w, cfg):
-    return w
-
-
-def _t(w, cfg):
-    return w.T
-
-
-def _heads_in(n_heads: Callable[[ModelConfig], int]):
-    """HF [heads*D, E] -> ours [E, heads, D], and back."""
-    return (
-        lambda w, c: w.T.reshape(c.hidden_size, n_heads(c), c.head_dim),
-        lambda w, c: w.reshape(c.hidden_size, n_heads(c) * c.head_dim).T,
-    )
-
-
-def _bias(n_heads: Callable[[ModelConfig], int]):
-    return (
-        lambda w, c: w.reshape(n_heads(c), c.head_dim),
-        lambda w, c: w.reshape(n_heads(c) * c.head_dim),
-    )
-
-
-_Q = _heads_in(lambda c: c.num_heads)
-_KV = _heads_in(lambda c: c.num_kv_heads)
-_O = (
-    lambda w, c: w.T.reshape(c.num_heads, c.head_dim, c.hidden_size),
-    lambda w, c: w.reshape(c.num_heads * c.head_dim, c.hidden_size).T,
-)
-_L = "model.layers.{i}."
-
-
-def weight_map(cfg: ModelConfig) -> list[_Weight]:
-    """The one table mapping our param tree to transformers' tensor names and layouts."""
-    w = [
-        _Weight(("embedding",), "model.embed_tokens.weight", _same, _same),
-        _Weight(("layers", "attn", "wq"), _L + "self_attn.q_proj.weight", *_Q),
-        _Weight(("layers", "attn", "wk"), _L + "self_attn.k_proj.weight", *_KV),
-        _Weight(("layers", "attn", "wv"), _L + "self_attn.v_proj.weight", *_KV),
-        _Weight(("layers", "attn", "wo"), _L + "self_attn.o_proj.weight", *_O),
-        _Weight(("layers", "attn_norm", "scale"), _L + "input_layernorm.weight", _same, _same),
-        _Weight(
-            ("layers", "mlp_norm", "scale"), _L + "post_attention_layernorm.weight", _same, _same
-        ),
-        _Weight(("layers", "mlp", "w_gate"), _L + "mlp.gate_proj.weight", _t, _t),
-        _Weight(("layers", "mlp", "w_up"), _L + "mlp.up_proj.weight", _t, _t),
-        _Weight(("layers", "mlp", "w_down"), _L + "mlp.down_proj.weight", _t, _t),
-        _Weight(("final_norm", "scale"), "model.norm.weight", _same, _same),
-    ]
-    if cfg.qkv_bias:
-        w += [
-            _Weight(
-                ("layers", "attn", "bq"),
-                _L + "self_attn.q_proj.bias",
-                *_bias(lambda c: c.num_heads),
-            ),
-            _Weight(
-                ("layers", "attn", "bk"),
-                _L + "self_attn.k_proj.bias",
-                *_bias(lambda c: c.num_kv_heads),
-            ),
-            _Weight(
-                ("layers", "attn", "bv"),
-                _L + "self_attn.v_proj.bias",
-                *_bias(lambda c: c.num_kv_heads),
-            ),
-        ]
-    if not cfg.tie_embeddings:
-        w.append(_Weight(("lm_head",), "lm_head.weight", _t, _t))
-    return w
-
-
-def _get(tree: dict, path: Sequence[str]):
-    for k in path:
-        tree = tree[k]
-    return tree
-
-
-def _set(tree: dict, path: Sequence[str], value) -> None:
-    for k in path[:-1]:
-        tree = tree.setdefault(k, {})
-    tree[path[-1]] = value
+def to_ours(w: Weight, x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    shape = w.shape(cfg)
+    order = [d for group in w.hf_dims for d in group]
+    return x.reshape([shape[d] for d in order]).transpose(np.argsort(order))
 
 
 # ----------------------------------------------------------------------------- safetensors
@@ -326,7 +246,7 @@ def _write_safetensors(
 # ----------------------------------------------------------------------------- load / save
 
 
-def _hf_names(w: _Weight, cfg: ModelConfig) -> list[str]:
+def _hf_names(w: Weight, cfg: ModelConfig) -> list[str]:
     return [w.hf_name.format(i=i) for i in range(cfg.num_layers)] if w.per_layer else [w.hf_name]
 
 
@@ -358,10 +278,9 @@ def load_hf(
     }
     cfg = config_from_hf(hf, **overrides)
     reader = SafetensorsReader(path)
-    shapes = api.param_shapes(cfg)
     shardings = api.param_shardings(cfg, mesh) if mesh is not None else None
     device = jax.devices()[0]
-    table = weight_map(cfg)
+    table = weights(cfg)
 
     expected = {n for w in table for n in _hf_names(w, cfg)}
     if cfg.tie_embeddings:
@@ -372,14 +291,12 @@ def load_hf(
     if extra:
         raise CheckpointError(f"{path}: unexpected tensors for a {cfg.family} config: {extra[:5]}")
 
-    params: dict[str, Any] = {}
+    leaves = []
     for w in table:
-        target = _get(shapes, w.path)
         names = _hf_names(w, cfg)
-        layer_shape = target.shape[1:] if w.per_layer else target.shape
         for n in names:
             got = reader.info(n).shape
-            want = w.to_hf(np.empty(layer_shape, np.bool_), cfg).shape
+            want = to_hf(w, np.empty(w.shape(cfg), np.bool_)).shape
             if tuple(got) != tuple(want):
                 raise CheckpointError(
                     f"{reader.info(n).file}: tensor {n!r} has shape {tuple(got)}, "
@@ -389,19 +306,19 @@ def load_hf(
 
         def load_slice(index: tuple[slice, ...], w=w, names=names, dtype=target_dtype):
             if not w.per_layer:
-                return w.to_ours(reader.read(names[0]), cfg)[index].astype(dtype)
+                return to_ours(w, reader.read(names[0]), cfg)[index].astype(dtype)
             layers = range(len(names))[index[0]]
             return np.stack(
-                [w.to_ours(reader.read(names[i]), cfg)[index[1:]].astype(dtype) for i in layers]
+                [to_ours(w, reader.read(names[i]), cfg)[index[1:]].astype(dtype) for i in layers]
             )
 
         sharding = (
-            _get(shardings, w.path)
+            lookup(shardings, w.path)
             if shardings is not None
             else jax.sharding.SingleDeviceSharding(device)
         )
-        _set(params, w.path, _make_array(target.shape, sharding, load_slice))
-    return cfg, params
+        leaves.append((w.path, _make_array(w.full_shape(cfg), sharding, load_slice)))
+    return cfg, nest(leaves)
 
 
 def _make_array(shape, sharding, load_slice) -> jax.Array:
@@ -431,13 +348,13 @@ def save_hf(
     out_dtype = np.dtype(jnp.dtype(dtype or cfg.param_dtype))
     if out_dtype not in _ST_NAMES:
         raise CheckpointError(f"cannot write dtype {out_dtype} to safetensors")
-    table = weight_map(cfg)
+    table = weights(cfg)
     tensors: list[tuple[str, tuple[int, ...], np.dtype]] = []
-    source: dict[str, tuple[_Weight, int | None]] = {}
+    source: dict[str, tuple[Weight, int | None]] = {}
     for w in table:
-        leaf = _get(params, w.path)
+        leaf = lookup(params, w.path)
         layer_shape = leaf.shape[1:] if w.per_layer else leaf.shape
-        shape = w.to_hf(np.empty(layer_shape, np.bool_), cfg).shape
+        shape = to_hf(w, np.empty(layer_shape, np.bool_)).shape
         for i, n in enumerate(_hf_names(w, cfg)):
             tensors.append((n, tuple(shape), out_dtype))
             source[n] = (w, i if w.per_layer else None)
@@ -449,9 +366,9 @@ def save_hf(
         w, i = source[name]
         if w.path not in cache:
             cache.clear()  # one of our (stacked) weights on the host at a time
-            cache[w.path] = np.asarray(jax.device_get(_get(params, w.path)))
+            cache[w.path] = np.asarray(jax.device_get(lookup(params, w.path)))
         arr = cache[w.path] if i is None else cache[w.path][i]
-        return w.to_hf(arr, cfg)
+        return to_hf(w, arr)
 
     files = (
         ["model.safetensors"]

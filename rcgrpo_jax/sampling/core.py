@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from rcgrpo_jax import models
+from rcgrpo_jax.models import decoder
 from rcgrpo_jax.models.config import ModelConfig
 from rcgrpo_jax.models.sharding import constrain
 from rcgrpo_jax.sampling import forward
@@ -149,7 +150,7 @@ def prefill(
     steps = jnp.arange(t, dtype=jnp.int32)[None, :]
     positions = end[:, None] + steps
     segments = (steps < lens[:, None]).astype(jnp.int32)
-    weights = forward.split_layers(cfg, params)
+    weights = decoder.unstack_layers(cfg, params)
     logits, cache = forward.apply_cached(
         cfg, weights, tokens, positions, segments, state.cache, jnp.maximum(lens - 1, 0), kv_len
     )
@@ -271,7 +272,7 @@ def decode(
     `end + steps + 1` fits.
     """
     _traced("decode")
-    weights = forward.split_layers(cfg, params)  # once per call, outside the loop
+    weights = decoder.unstack_layers(cfg, params)  # once per call, outside the loop
     b = state.batch
     done0 = budget <= 0
     init = (

@@ -1,29 +1,26 @@
-"""Cached inference: the decoder's layers over per-layer KV buffers in [B, KV, S, D] layout.
+"""Cached inference: the KV cache the decoder's layers read and write, in [B, KV, S, D] layout.
 
-`models.apply` runs the layers under one `nn.scan` over stacked weights, which suits training.
-Driving a KV cache through that scan costs, on every decode step, a copy of the whole cache in
-and out of the scan — on CPU that was ~70% of a batch-32 decode step at 512 cache slots. Here
-each layer owns its cache buffers (updated in place inside the jitted loop), laid out as
-`models.attention` reads them, and the layer loop is unrolled over weights sliced out of
-the stacked params once per jitted call (outside the decode loop), not once per step.
-
-The math is the decoder's own (`models.decoder`: `project_qkv`, `mlp`, `rms_norm`; attention
-through `models.attention`, whose dense or flash kernel also serves prefill and decode: flash
-visits only the cache blocks some row occupies), only driven differently; the tests check the
-logits against `models.forward` and the tokens against transformers.
+The layers, their stack and the head are the training forward's own (`models.decoder`:
+`forward_hidden` -> `run_layers` -> `decoder_layer`); this module owns only the cache: its
+allocation, the slots a chunk occupies (`cache.end`), the mask over them, and the per-layer
+write of each chunk's keys and values (`decoder.KVWrite`). Each layer owns its cache buffers
+(updated in place inside the jitted loop), and the layer loop is unrolled over weights sliced
+out of the stacked params once per jitted call (`decoder.unstack_layers`, outside the decode
+loop): driving a cache through a `lax.scan` copies the whole cache in and out of the scan on
+every decode step (~70% of a batch-32 CPU decode step at 512 slots). Attention runs through
+`models.attention`, whose dense or flash kernel also serves prefill and decode (flash visits
+only the cache blocks some row occupies); the tests check the logits against `models.apply` and
+the tokens against transformers.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
 from rcgrpo_jax import models
-from rcgrpo_jax.models import attention
-from rcgrpo_jax.models import decoder as dec
+from rcgrpo_jax.models import attention, decoder
 from rcgrpo_jax.models.config import ModelConfig
 from rcgrpo_jax.models.sharding import constrain
 
@@ -79,20 +76,6 @@ def pad_cache(c: Cache, capacity: int) -> Cache:
     )
 
 
-def split_layers(cfg: ModelConfig, params: models.Params) -> dict[str, Any]:
-    """The params with `layers` as a tuple of per-layer trees (call inside a jit, once per call:
-    slicing stacked weights inside the decode loop would copy every weight on every step)."""
-    axes = models.param_logical_axes(cfg)["layers"]
-    is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, str) for a in x)
-    layers = tuple(
-        jax.tree.map(
-            lambda ax, w, i=i: constrain(w[i], ax[1:]), axes, params["layers"], is_leaf=is_axes
-        )
-        for i in range(cfg.num_layers)
-    )
-    return {**params, "layers": layers}
-
-
 def _write(buf: jax.Array, chunk: jax.Array, start: jax.Array, axis: int) -> jax.Array:
     """buf[b, ..., start[b]:start[b]+T, ...] = chunk[b] along slot `axis` of each row, for every
     row b; in place when `buf` is a loop carry or donated."""
@@ -103,17 +86,9 @@ def _write(buf: jax.Array, chunk: jax.Array, start: jax.Array, axis: int) -> jax
     return jax.vmap(one)(buf, chunk, start)
 
 
-def _attention(cfg, p, x, positions, mask, ck, cv, start, kv_len):
-    q, k, v = dec.project_qkv(cfg, p, x, positions)
-    ck = constrain(_write(ck, k.transpose(0, 2, 3, 1), start, axis=3), K_AXES)
-    cv = constrain(_write(cv, v.transpose(0, 2, 1, 3), start, axis=2), V_AXES)
-    out = attention.apply(cfg, q, ck[..., :kv_len], cv[:, :, :kv_len], mask)
-    return dec.attention_out(cfg, p, out), ck, cv
-
-
 def apply_cached(
     cfg: ModelConfig,
-    weights: dict[str, Any],
+    params: models.Params,
     tokens: jax.Array,
     positions: jax.Array,
     segments: jax.Array,
@@ -129,11 +104,8 @@ def apply_cached(
     hold: a 1k-token prompt prefilled into a 1.5k-slot cache in 128-token chunks would
     otherwise score every chunk against all 1.5k slots.
 
-    `weights` comes from `split_layers`. Call inside a jit.
+    `params` comes from `decoder.unstack_layers`. Call inside a jit.
     """
-    x = constrain(
-        dec.embed(cfg, weights["embedding"], tokens), ("act_batch", "act_len", "act_embed")
-    )
     t = tokens.shape[1]
     start = cache.end
     q_slot = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
@@ -142,20 +114,18 @@ def apply_cached(
     )
     kv_len = cache.capacity if kv_len is None else min(kv_len, cache.capacity)
     mask = attention.prepare(cfg, q_slot, segments, kv_segments[:, :kv_len], self_attn=False)
-    norm = lambda p, h: dec.rms_norm(h, p["scale"], cfg.rms_norm_eps)
-    ks, vs = [], []
-    for layer, ck, cv in zip(weights["layers"], cache.k, cache.v, strict=True):
-        attn_out, ck, cv = _attention(
-            cfg, layer["attn"], norm(layer["attn_norm"], x), positions, mask, ck, cv, start, kv_len
-        )
-        x = x + attn_out
-        x = x + dec.mlp(cfg, layer["mlp"], norm(layer["mlp_norm"], x))
-        x = constrain(x, ("act_batch", "act_len", "act_embed"))
-        ks.append(ck)
-        vs.append(cv)
-    if logits_at is not None:
-        x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)
-    x = norm(weights["final_norm"], x)
-    head = weights["embedding"].T if cfg.tie_embeddings else weights["lm_head"]
-    logits = dec.lm_logits(cfg, x, head)
-    return logits, Cache(k=tuple(ks), v=tuple(vs), segments=kv_segments, end=start + t)
+
+    def write(slot, keys_t, values):
+        """Stores the chunk's K/V at `start` in the layer's buffers; attends over [0, kv_len)."""
+        ck, cv = slot
+        ck = constrain(_write(ck, keys_t, start, axis=3), K_AXES)
+        cv = constrain(_write(cv, values, start, axis=2), V_AXES)
+        return ck[..., :kv_len], cv[:, :, :kv_len], (ck, cv)
+
+    slots = tuple(zip(cache.k, cache.v, strict=True))
+    hidden, slots = decoder.forward_hidden(
+        cfg, params, tokens, positions, mask, logits_at, slots, write
+    )
+    ks, vs = zip(*slots, strict=True)
+    cache = Cache(k=ks, v=vs, segments=kv_segments, end=start + t)
+    return decoder.logits(cfg, params, hidden), cache

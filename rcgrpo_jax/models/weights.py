@@ -1,0 +1,153 @@
+"""The one table of the decoder's weights: key path, logical axes (which give the shape), init,
+and the transformers tensor it maps to.
+
+Everything that names a weight derives from `WEIGHTS`: the random init and the abstract
+shapes (`models.api`), the sharding (`param_logical_axes` through `LOGICAL_AXIS_RULES`), the
+checkpoint map (`models.hf_io`) and the parameter count (`ModelConfig.num_params`). The layer
+math reads the same paths (`models.decoder`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+if TYPE_CHECKING:
+    from rcgrpo_jax.models.config import ModelConfig
+
+# The size of each logical weight axis (a field of ModelConfig); "layers" is the stacking axis.
+DIMS = {
+    "vocab": "vocab_size",
+    "embed": "hidden_size",
+    "norm": "hidden_size",
+    "q_heads": "num_heads",
+    "kv_heads": "num_kv_heads",
+    "head_dim": "head_dim",
+    "mlp": "intermediate_size",
+}
+Params = dict[str, Any]  # the param tree: nested dicts of arrays, keyed by `Weight.path`
+LAYER = "model.layers.{i}."  # transformers' per-layer name prefix; "{i}" is the layer index
+
+
+def _always(cfg: ModelConfig) -> bool:
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Weight:
+    """One weight. Paths under "layers" are stacked: [num_layers, *shape], axis "layers"."""
+
+    path: tuple[str, ...]
+    axes: tuple[str, ...]  # logical axes, one per dimension (per layer for stacked weights)
+    init: str  # "normal" (std 0.02) | "ones" | "zeros"
+    hf_name: str
+    # Which of our dimensions make up each dimension of the transformers tensor, in its order
+    # (merged by reshape): q_proj [H*D, E] from our wq [E, H, D] is ((1, 2), (0,)).
+    hf_dims: tuple[tuple[int, ...], ...]
+    when: Callable[[ModelConfig], bool] = _always
+
+    @property
+    def per_layer(self) -> bool:
+        return self.path[0] == "layers"
+
+    @property
+    def name(self) -> str:
+        return self.path[-1]
+
+    def shape(self, cfg: ModelConfig) -> tuple[int, ...]:
+        """The shape of one layer's weight (stacked weights add a leading num_layers)."""
+        return tuple(getattr(cfg, DIMS[a]) for a in self.axes)
+
+    def full_shape(self, cfg: ModelConfig) -> tuple[int, ...]:
+        return ((cfg.num_layers,) if self.per_layer else ()) + self.shape(cfg)
+
+    def full_axes(self) -> tuple[str, ...]:
+        return (("layers",) if self.per_layer else ()) + self.axes
+
+
+def _qkv_bias(cfg: ModelConfig) -> bool:
+    return cfg.qkv_bias
+
+
+def _untied(cfg: ModelConfig) -> bool:
+    return not cfg.tie_embeddings
+
+
+_SAME1, _SAME2, _T2 = ((0,),), ((0,), (1,)), ((1,), (0,))
+_HEADS_IN, _HEADS_OUT, _BIAS = ((1, 2), (0,)), ((2,), (0, 1)), ((0, 1),)
+_ATT, _MLP = ("layers", "attn"), ("layers", "mlp")
+
+# In declaration order: the random init draws each scope's weights in this order.
+WEIGHTS: tuple[Weight, ...] = (
+    Weight(("embedding",), ("vocab", "embed"), "normal", "model.embed_tokens.weight", _SAME2),
+    Weight((*_ATT, "wq"), ("embed", "q_heads", "head_dim"), "normal",
+           LAYER + "self_attn.q_proj.weight", _HEADS_IN),
+    Weight((*_ATT, "wk"), ("embed", "kv_heads", "head_dim"), "normal",
+           LAYER + "self_attn.k_proj.weight", _HEADS_IN),
+    Weight((*_ATT, "wv"), ("embed", "kv_heads", "head_dim"), "normal",
+           LAYER + "self_attn.v_proj.weight", _HEADS_IN),
+    Weight((*_ATT, "wo"), ("q_heads", "head_dim", "embed"), "normal",
+           LAYER + "self_attn.o_proj.weight", _HEADS_OUT),
+    Weight(("layers", "attn_norm", "scale"), ("norm",), "ones",
+           LAYER + "input_layernorm.weight", _SAME1),
+    Weight(("layers", "mlp_norm", "scale"), ("norm",), "ones",
+           LAYER + "post_attention_layernorm.weight", _SAME1),
+    Weight((*_MLP, "w_gate"), ("embed", "mlp"), "normal", LAYER + "mlp.gate_proj.weight", _T2),
+    Weight((*_MLP, "w_up"), ("embed", "mlp"), "normal", LAYER + "mlp.up_proj.weight", _T2),
+    Weight((*_MLP, "w_down"), ("mlp", "embed"), "normal", LAYER + "mlp.down_proj.weight", _T2),
+    Weight(("final_norm", "scale"), ("norm",), "ones", "model.norm.weight", _SAME1),
+    Weight((*_ATT, "bq"), ("q_heads", "head_dim"), "zeros",
+           LAYER + "self_attn.q_proj.bias", _BIAS, _qkv_bias),
+    Weight((*_ATT, "bk"), ("kv_heads", "head_dim"), "zeros",
+           LAYER + "self_attn.k_proj.bias", _BIAS, _qkv_bias),
+    Weight((*_ATT, "bv"), ("kv_heads", "head_dim"), "zeros",
+           LAYER + "self_attn.v_proj.bias", _BIAS, _qkv_bias),
+    Weight(("lm_head",), ("embed", "vocab"), "normal", "lm_head.weight", _T2, _untied),
+)  # fmt: skip
+
+
+def weights(cfg: ModelConfig) -> list[Weight]:
+    """The weights a model with this config has."""
+    return [w for w in WEIGHTS if w.when(cfg)]
+
+
+def num_params(cfg: ModelConfig) -> int:
+    return sum(math.prod(w.full_shape(cfg)) for w in weights(cfg))
+
+
+def nest(items: Iterable[tuple[tuple[str, ...], Any]]) -> Params:
+    """A param-shaped tree of nested dicts from (path, leaf) pairs."""
+    out: Params = {}
+    for path, leaf in items:
+        node = out
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = leaf
+    return out
+
+
+def lookup(tree: Params, path: tuple[str, ...]) -> Any:
+    for k in path:
+        tree = tree[k]
+    return tree
+
+
+def logical_axes(cfg: ModelConfig) -> Params:
+    """Logical-axis tuples, one per weight (stacked weights start with "layers")."""
+    return nest((w.path, w.full_axes()) for w in weights(cfg))
+
+
+def shapes(cfg: ModelConfig) -> Params:
+    """Abstract params: ShapeDtypeStruct leaves in the parameter dtype."""
+    return nest(
+        (w.path, jax.ShapeDtypeStruct(w.full_shape(cfg), cfg.weight_dtype)) for w in weights(cfg)
+    )
+
+
+def is_axes(x: Any) -> bool:
+    """A leaf of `logical_axes` (for tree maps over it)."""
+    return isinstance(x, tuple) and all(isinstance(a, str) for a in x)
