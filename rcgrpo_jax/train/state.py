@@ -209,11 +209,11 @@ def _loss_and_grads(loss_fn: LossFn, params, batch, rng, grad_accum: int):
     # weight/tokens summed, maxima kept; everything else weight-summed here and divided below.
     aux_keys = jax.eval_shape(lambda: vg(params, batch, rng)[0][1]).keys()
     init = lambda k: jnp.asarray(-jnp.inf if _maxed(k) else 0.0, jnp.float32)
-    zeros_aux = {k: init(k) for k in {*aux_keys, "weight"}}
+    aux0 = {k: init(k) for k in {*aux_keys, "weight"}}
     g0 = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     mbs = _microbatches(batch, grad_accum)
     (g_sum, l_sum, aux_sum), _ = jax.lax.scan(
-        body, (g0, jnp.zeros((), jnp.float32), zeros_aux), (mbs, jnp.arange(grad_accum))
+        body, (g0, jnp.zeros((), jnp.float32), aux0), (mbs, jnp.arange(grad_accum))
     )
     w = aux_sum["weight"]
     grads = jax.tree.map(lambda g, p: (g / w).astype(p.dtype), g_sum, params)
