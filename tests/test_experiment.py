@@ -9,7 +9,7 @@ import pytest
 
 from rcgrpo_jax.rl.advantages import HIGH, NONE
 from rcgrpo_jax.stages import all as experiment
-from rcgrpo_jax.stages.rl import reward_tokens_for
+from rcgrpo_jax.stages.rl import reward_tokens_for, token_draw
 from rcgrpo_jax.tools import seeds
 
 
@@ -21,9 +21,10 @@ def _rl(**kw) -> ml_collections.ConfigDict:
 
 
 def test_grpo_rows_carry_the_configured_token():
-    assert (reward_tokens_for("grpo", _rl(), 0, 1) == NONE).all()
-    assert (reward_tokens_for("grpo", _rl(grpo_token="high"), 0, 1) == HIGH).all()
-    rc = reward_tokens_for("rcgrpo", _rl(grpo_token="high"), 0, 1)  # RC-GRPO ignores it
+    tokens = lambda algo, **kw: reward_tokens_for(token_draw(algo, _rl(**kw), 0), 1)
+    assert (tokens("grpo") == NONE).all() and tokens("grpo").shape == (3, 4)
+    assert (tokens("grpo", grpo_token="high") == HIGH).all()
+    rc = tokens("rcgrpo", grpo_token="high")  # RC-GRPO ignores it
     assert ((rc == HIGH).sum(1) == 3).all()
 
 

@@ -220,6 +220,36 @@ def test_fused_step_equal_on_two_meshes_and_compiles_once(params):
     )
 
 
+@pytest.mark.parametrize("stratified", [True, False])
+def test_step_draws_the_next_iterations_reward_tokens(params, stratified):
+    """The fused step's tokens for iteration it + 1 are the host draw's, key fold_in(key(seed),
+    it): the same whichever update of the iteration, and from a fresh state (a resumed run)."""
+    mesh = models.make_mesh((8, 1, 1))
+    state, optimizer, shardings = _state(params, mesh)
+    draw = rl.TokenDraw(seed=3, num_groups=P, group_size=G, p_high=0.75, stratified=stratified)
+    step = make_rl_step(CFG, rl.Objective(), optimizer, tokens=draw, mesh=mesh, shardings=shardings)
+    expected = lambda it: np.asarray(
+        rl.sample_reward_tokens(jax.random.fold_in(jax.random.key(3), it), P, G, 0.75, stratified)
+    )
+    first = np.asarray(rl.draw_reward_tokens_jit(draw, 0))  # a run's first iteration: the host
+    np.testing.assert_array_equal(first, expected(0))
+    drawn = []
+    for it in range(3):
+        for seed in (2 * it, 2 * it + 1):  # two updates in the iteration
+            batch, _ = make_batch(params, seed=seed)
+            state, metrics = step(state, {**batch, "iteration": np.int32(it)})
+            drawn.append(np.asarray(metrics[rl.train_step.NEXT_TOKENS]))
+        np.testing.assert_array_equal(drawn[-2], drawn[-1])
+        np.testing.assert_array_equal(drawn[-1], expected(it + 1))
+    assert len({d.tobytes() for d in drawn}) == 3  # a new draw every iteration
+    resumed, _, _ = _state(params, mesh)  # a restored run's step knows only the iteration
+    _, metrics = step(resumed, {**make_batch(params, seed=9)[0], "iteration": np.int32(1)})
+    np.testing.assert_array_equal(np.asarray(metrics[rl.train_step.NEXT_TOKENS]), drawn[3])
+    assert step.jitted._cache_size() == 1  # the iteration is data, not a new program
+    with pytest.raises(ValueError, match="iteration"):
+        step(state, make_batch(params)[0])
+
+
 class _FakeSession:
     """What `rollout._pack` reads of a sampling Session: each row's whole trajectory."""
 

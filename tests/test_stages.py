@@ -20,6 +20,7 @@ import pytest
 from conftest import REPO
 
 from rcgrpo_jax import models
+from rcgrpo_jax.rl.advantages import sample_reward_tokens
 from rcgrpo_jax.stages import all as experiment
 from rcgrpo_jax.train.metrics import read_jsonl
 
@@ -173,7 +174,9 @@ def test_default_output_is_quiet(run_all):
 
 
 def test_rl_resume_is_exact(run_all, tmp_path):
-    """1 iteration, stop, resume to 2 == 2 iterations in one go (params and rewards)."""
+    """1 iteration, stop, resume to 2 == 2 iterations in one go (params, rewards and reward
+    tokens: the resumed run's first iteration drawn on the host, the uninterrupted run's by the
+    fused step, both fold_in(key(seed), iteration)'s)."""
     config, _ = run_all
     root = Path(config.workdir)
     init = str(root / "rctp" / "export")
@@ -190,6 +193,11 @@ def test_rl_resume_is_exact(run_all, tmp_path):
     a = read_jsonl(tmp_path / "once" / "rollouts.jsonl")
     b = read_jsonl(tmp_path / "resumed" / "rollouts.jsonl")
     assert [r["rewards"] for r in a] == [r["rewards"] for r in b]
+    assert [r["reward_token"] for r in a] == [r["reward_token"] for r in b]
+    p, g = config.rl.num_prompts, config.rl.group_size
+    for it, r in enumerate(a):  # configs/tiny.py: seed 0, stratified, p_high 0.75
+        key = jax.random.fold_in(jax.random.key(0), it)
+        assert r["reward_token"] == sample_reward_tokens(key, p, g, 0.75, True).tolist()
     _, pa = models.load_hf(tmp_path / "once" / "export")
     _, pb = models.load_hf(tmp_path / "resumed" / "export")
     jax.tree.map(np.testing.assert_array_equal, pa, pb)

@@ -1,10 +1,14 @@
 """Group-relative advantages and reward-token assignment, as vmapped per-group functions.
 
-Both are written for one group and lifted over the P groups of a step with `jax.vmap`, so the
-same code runs inside the fused train step (advantages) and on the rollout side (reward tokens).
+Both are written for one group and lifted over the P groups of a step with `jax.vmap`, and both
+run inside the fused train step: the advantages of the step's rollouts, and the reward tokens of
+the next iteration's (`TokenDraw`, `draw_reward_tokens`; the same function, jitted, on the host
+for a run's first iteration and for dynamic sampling's later rounds).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -60,3 +64,36 @@ def sample_reward_tokens(
         raise ValueError(f"p_high={p_high} is not a probability")
     keys = jax.random.split(key, num_groups)
     return jax.vmap(lambda k: _group_tokens(k, group_size, p_high, stratified))(keys)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenDraw:
+    """How an RL run assigns reward tokens: a pure function of (seed, iteration, round), so
+    nothing about it is carried in a checkpoint and a resumed run draws what an uninterrupted
+    one does."""
+
+    seed: int
+    num_groups: int  # P: the groups of an iteration's first round
+    group_size: int
+    p_high: float = 0.5
+    stratified: bool = False
+    fixed: int | None = None  # every row this token, nothing drawn (GRPO: NONE or HIGH)
+
+
+def draw_reward_tokens(
+    draw: TokenDraw, iteration: int | jax.Array, rnd: int = 0, num_groups: int | None = None
+) -> jax.Array:
+    """[num_groups (default P), G] int32 tokens of one iteration's round `rnd`, keyed by
+    fold_in(key(seed), iteration) (folded with `rnd` too for a later round). Traceable in
+    `iteration`: the fused RL step draws the next iteration's tokens inside its jit."""
+    shape = (draw.num_groups if num_groups is None else num_groups, draw.group_size)
+    if draw.fixed is not None:
+        return jnp.full(shape, draw.fixed, jnp.int32)
+    key = jax.random.fold_in(jax.random.key(draw.seed), iteration)
+    if rnd:
+        key = jax.random.fold_in(key, rnd)
+    return sample_reward_tokens(key, *shape, draw.p_high, draw.stratified)
+
+
+# The host-side entry point: the same program the step inlines, compiled once per shape.
+draw_reward_tokens_jit = jax.jit(draw_reward_tokens, static_argnames=("draw", "rnd", "num_groups"))

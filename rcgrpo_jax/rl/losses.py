@@ -132,6 +132,10 @@ def objective_loss(
     rewards = batch["rewards"].astype(jnp.float32)
     rt = batch.get("reward_token", jnp.full((p, g), -1, jnp.int32))
     is_clipped = (ratio != clipped) & (ratio * adv != clipped * adv)
+    # rollout-trainer agreement, over generated tokens: in an iteration's first update the params
+    # are the sampler's, so |logp - old| is their numerical disagreement alone
+    gap = jnp.abs(logp - batch["old_logprobs"])
+    on_mask = lambda x: jnp.where(mask > 0, x, 0.0)  # 0 on no token: below every real value
     aux = {
         "weight": weight,
         "tokens": n_tok,
@@ -139,6 +143,9 @@ def objective_loss(
         "kl": tok_mean(kl),
         "clip_frac": tok_mean(is_clipped.astype(jnp.float32)),
         "ratio": tok_mean(ratio),
+        "logp_gap_sum": jnp.sum(gap * mask),  # / tokens: exact over microbatches
+        "logp_gap_max": jnp.max(on_mask(gap)),  # `_max`: the maximum over microbatches
+        "ratio_dev_max": jnp.max(on_mask(jnp.abs(ratio - 1.0))),
         # group-level sums: exact over microbatches; the loop divides by groups_sum/rollouts_sum
         "groups_sum": jnp.asarray(p, jnp.float32),
         "rollouts_sum": jnp.asarray(p * g, jnp.float32),
@@ -162,6 +169,7 @@ def summarize(metrics: Mapping[str, Any]) -> dict[str, float]:
         degenerate_frac=div("degenerate_sum", "groups_sum"),
         reward_mean=div("reward_sum", "rollouts_sum"),
         abs_adv_mean=div("abs_adv_sum", "rollouts_sum"),
+        logp_gap_mean=div("logp_gap_sum", "tokens"),
         reward_high=div("reward_high_sum", "high_sum"),
         reward_low=div("reward_low_sum", "low_sum"),
     )

@@ -3,9 +3,10 @@
 Inside the jit, read top to bottom: current log-probs and entropy of the [P, G, T] rollouts →
 group advantages from the rewards (vmapped over groups) → clipped surrogate with separate low/high
 clip and optional k3 KL, as the `Objective` says (GRPO, Dr. GRPO, DAPO, GSPO) → gradients
-(scanned over microbatches of whole groups) → skip-if-non-finite → optax update. The step
-machinery (sharding, donation, accumulation, skipping) is the one SFT uses
-(`train.state.make_train_step`); only the loss differs.
+(scanned over microbatches of whole groups) → skip-if-non-finite → optax update; beside it, the
+next iteration's [P, G] reward tokens (vmapped over groups), when the step is given a `TokenDraw`.
+The step machinery (sharding, donation, accumulation, skipping) is the one SFT uses
+(`train.state.make_train_step`); only the loss and that extra output differ.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from typing import Any
 
 import jax
 import optax
-from jax.sharding import Mesh
 
 from rcgrpo_jax.models import ModelConfig
+from rcgrpo_jax.rl.advantages import TokenDraw, draw_reward_tokens
 from rcgrpo_jax.rl.losses import Objective, logprobs_and_entropy, policy_loss
 from rcgrpo_jax.train.state import TrainState, make_train_step
+
+NEXT_TOKENS = "next_reward_tokens"  # the metrics key of the next iteration's [P, G] tokens
 
 
 def make_rl_step(
@@ -28,24 +31,28 @@ def make_rl_step(
     objective: Objective,
     optimizer: optax.GradientTransformation,
     *,
-    mesh: Mesh,
-    shardings: TrainState,
-    grad_accum: int = 1,
-    schedule: optax.Schedule | None = None,
+    tokens: TokenDraw | None = None,
+    **step_options: Any,
 ) -> Callable[[TrainState, dict[str, Any]], tuple[TrainState, dict[str, jax.Array]]]:
-    """(state, batch [P, G, ...]) -> (state, metrics); microbatches split the P groups."""
+    """(state, batch [P, G, ...]) -> (state, metrics); microbatches split the P groups.
+
+    `step_options` are `make_train_step`'s (mesh, shardings, grad_accum, schedule, ...). With
+    `tokens`, the batch carries `iteration` (int32 []: the iteration its rollouts belong to) and
+    the metrics carry `NEXT_TOKENS`: `draw_reward_tokens(tokens, iteration + 1)`, keyed by the
+    iteration alone, so every update of an iteration draws the same ones.
+    """
 
     def loss_fn(params, batch, rng):
         del rng  # the loss is deterministic given the rollouts
         return policy_loss(cfg, objective, params, batch)
 
+    def outputs(batch):
+        if "iteration" not in batch:
+            raise ValueError("an RL step that draws reward tokens needs batch['iteration']")
+        return {NEXT_TOKENS: draw_reward_tokens(tokens, batch["iteration"] + 1)}
+
     return make_train_step(
-        loss_fn,
-        optimizer,
-        mesh=mesh,
-        shardings=shardings,
-        grad_accum=grad_accum,
-        schedule=schedule,
+        loss_fn, optimizer, outputs=None if tokens is None else outputs, **step_options
     )
 
 

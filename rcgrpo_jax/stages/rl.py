@@ -2,14 +2,18 @@
 
 One RL iteration, read top to bottom:
 1. draw P training prompts (seeded by iteration: resume needs no iterator state);
-2. draw each rollout's reward token: r_j ~ P_sample(r) for RC-GRPO; GRPO: `rl.grpo_token`;
+2. take each rollout's reward token: r_j ~ P_sample(r) for RC-GRPO; GRPO: `rl.grpo_token`. The
+   previous iteration's fused step drew them (the first iteration's, or after an iteration
+   without an update: the same draw, jitted, on the host), keyed by seed and iteration alone;
 3. run the P × G multi-turn rollouts (KV cache kept across turns), rewards from the environment;
    with `rl.dynamic_sampling`, drop the groups whose rewards are all equal and repeat 1-3 for
-   the missing groups (seeded by iteration and round), at most `rl.dynamic_max_rounds` rounds;
+   the missing groups (seeded by iteration and round; their tokens drawn on the host), at most
+   `rl.dynamic_max_rounds` rounds;
 4. `rl.epochs` × `rl.minibatches` fused train steps over whole groups (advantages in the step),
-   with the loss `rl.objective` names;
-5. log, evaluate every `rl.eval_every` iterations (conditioned on `<|high_reward|>` where the
-   rollouts carry it),
+   with the loss `rl.objective` names; each step also draws the next iteration's reward tokens;
+5. log (with the first update's rollout-trainer agreement: |log p_train - log p_sampler| over
+   generated tokens and max |ratio - 1|), evaluate every `rl.eval_every` iterations
+   (conditioned on `<|high_reward|>` where the rollouts carry it),
    checkpoint every `rl.checkpoint_every`; at the end export an HF directory and plot dynamics.
 
 Every generated trajectory counts against `rl.max_rollouts` (default: steps × P × G): the run
@@ -45,11 +49,17 @@ import numpy as np
 
 from rcgrpo_jax import distributed, models
 from rcgrpo_jax.errors import UserError
-from rcgrpo_jax.rl.advantages import HIGH, NONE, degenerate_groups, sample_reward_tokens
+from rcgrpo_jax.rl.advantages import (
+    HIGH,
+    NONE,
+    TokenDraw,
+    degenerate_groups,
+    draw_reward_tokens_jit,
+)
 from rcgrpo_jax.rl.dynamic import fill_groups
 from rcgrpo_jax.rl.losses import summarize
 from rcgrpo_jax.rl.rollout import Rollouts, RolloutSettings, collect, concat_groups
-from rcgrpo_jax.rl.train_step import make_rl_step, sequence_logprobs
+from rcgrpo_jax.rl.train_step import NEXT_TOKENS, make_rl_step, sequence_logprobs
 from rcgrpo_jax.stages import setup
 from rcgrpo_jax.stages.eval import success_rate
 from rcgrpo_jax.train import plots
@@ -79,25 +89,21 @@ def _check(rl: ml_collections.ConfigDict, algo: str) -> None:
         raise UserError("rl.stratified needs rl.group_size >= 2")
 
 
+def token_draw(algo: str, rl: ml_collections.ConfigDict, seed: int) -> TokenDraw:
+    """The run's reward-token assignment (GRPO: every row `rl.grpo_token`)."""
+    fixed = (HIGH if rl.grpo_token == "high" else NONE) if algo == "grpo" else None
+    return TokenDraw(
+        seed=int(seed), num_groups=int(rl.num_prompts), group_size=int(rl.group_size),
+        p_high=float(rl.p_high), stratified=bool(rl.stratified), fixed=fixed,
+    )  # fmt: skip
+
+
 def reward_tokens_for(
-    algo: str,
-    rl: ml_collections.ConfigDict,
-    seed: int,
-    iteration: int,
-    num: int | None = None,
-    rnd: int = 0,
-):
-    """[num (default P), G] reward tokens of one iteration's round `rnd` (GRPO: every row
-    `rl.grpo_token`)."""
-    shape = (int(rl.num_prompts) if num is None else num, int(rl.group_size))
-    if algo == "grpo":
-        return np.full(shape, HIGH if rl.grpo_token == "high" else NONE, np.int32)
-    key = jax.random.fold_in(jax.random.key(seed), iteration)
-    if rnd:
-        key = jax.random.fold_in(key, rnd)
-    return np.asarray(
-        sample_reward_tokens(key, *shape, float(rl.p_high), bool(rl.stratified)), np.int32
-    )
+    draw: TokenDraw, iteration: int, num: int | None = None, rnd: int = 0
+) -> np.ndarray:
+    """[num (default P), G] reward tokens of one iteration's round `rnd`, drawn on the host by
+    the program the fused step runs for the next iteration's."""
+    return np.asarray(draw_reward_tokens_jit(draw, iteration, rnd, num))
 
 
 def prompts_for(
@@ -182,9 +188,10 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     psh = models.param_shardings(cfg, mesh)
     shardings = state_shardings(optimizer, psh, mesh, params)
     objective = setup.objective_from_config(rl)
+    tokens_draw = token_draw(algo, rl, config.seed)
     step_fn = make_rl_step(
-        cfg, objective, optimizer, mesh=mesh, shardings=shardings, grad_accum=optim_cfg.grad_accum,
-        schedule=make_schedule(optim_cfg),
+        cfg, objective, optimizer, tokens=tokens_draw, mesh=mesh, shardings=shardings,
+        grad_accum=optim_cfg.grad_accum, schedule=make_schedule(optim_cfg),
     )  # fmt: skip
     settings = RolloutSettings(
         chat_format=config.model.chat_format, max_new_tokens=int(rl.max_new_tokens),
@@ -230,17 +237,18 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             stack.callback(rollout_log.close)
         history = list(writer.previous)
         done = start
+        tokens = reward_tokens_for(tokens_draw, start)  # later iterations': from the step
         for it in range(start, int(rl.steps)):
             if budget - generated < g_:
                 break
             drawn: set[str] = set()
 
-            def draw(rnd: int, n: int, it=it, drawn=drawn, params=state.params) -> _Drawn:
+            def draw(rnd: int, n: int, it=it, drawn=drawn, params=state.params, first=tokens):
                 entries = prompts_for(train_pool, n, config.seed, it, rnd, frozenset(drawn))
                 drawn.update(e.id for e in entries)
+                rt = first if rnd == 0 and n == p_ else reward_tokens_for(tokens_draw, it, n, rnd)
                 ro = collect(
-                    cfg, params, tokenizer, env, entries,
-                    reward_tokens_for(algo, rl, config.seed, it, n, rnd), settings,
+                    cfg, params, tokenizer, env, entries, rt, settings,
                     seed=rollout_seed(config.seed, it, rnd), mesh=mesh,
                 )  # fmt: skip
                 return _Drawn(entries, ro)
@@ -259,15 +267,21 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             trained = np.concatenate(filled.trained)
             t0 = time.perf_counter()
             step_metrics = []
+            tokens = None
             if trained.any():
                 batch = (ro if trained.all() else ro.take(trained)).batch()
                 if ref_params is not None:
                     batch["ref_logprobs"] = _ref_logprobs(cfg, ref_params, batch, mesh)
                 for _ in range(int(rl.epochs)):
                     for mb in _minibatches(batch, int(rl.minibatches)):
+                        mb["iteration"] = np.int32(it)  # the step draws iteration it + 1's tokens
                         state, m = step_fn(state, {k: _global(v, mesh) for k, v in mb.items()})
-                        step_metrics.append(distributed.host_tree(m))
+                        m = distributed.host_tree(m)
+                        tokens = m.pop(NEXT_TOKENS)  # keyed by iteration: all updates' agree
+                        step_metrics.append(m)
             update_s = time.perf_counter() - t0
+            if tokens is None:  # no update: the same draw on the host
+                tokens = reward_tokens_for(tokens_draw, it + 1)
             record = _iteration_record(step_metrics, ro, update_s)
             record.update(
                 generated_rollouts=float(filled.generated), trained_groups=float(trained.sum())
@@ -331,12 +345,16 @@ def _warn_env_errors(iteration: int, errors: list[str | None]) -> None:
 
 def _iteration_record(step_metrics: list[dict], ro, update_s: float) -> dict[str, float]:
     """Per-iteration metrics: group statistics from every generated rollout (recomputable from
-    rollouts.jsonl), loss-side values averaged over the iteration's updates."""
+    rollouts.jsonl), loss-side values averaged over the iteration's updates, except the
+    rollout-trainer agreement (`logp_gap_*`, `ratio_dev_max`): the first update's, whose params
+    are still the sampler's (a later update's gap is the policy's own change)."""
     means = collections.defaultdict(lambda: float("nan"))  # no update: no loss-side values
+    first = collections.defaultdict(lambda: float("nan"))
     if step_metrics:
         means.update(
             summarize({k: np.mean([float(m[k]) for m in step_metrics]) for k in step_metrics[0]})
         )
+        first.update(summarize(step_metrics[0]))
     rewards, rt = ro.rewards, ro.reward_token
     with_token = lambda t: float(rewards[rt == t].mean()) if (rt == t).any() else float("nan")
     total_s = ro.stats["rollout_s"] + update_s
@@ -352,6 +370,9 @@ def _iteration_record(step_metrics: list[dict], ro, update_s: float) -> dict[str
         "reward_low": with_token(0),
         "degenerate_frac": float(np.asarray(degenerate_groups(rewards)).mean()),
         "abs_adv_mean": means["abs_adv_mean"],
+        "logp_gap_mean": first["logp_gap_mean"],
+        "logp_gap_max": first["logp_gap_max"],
+        "ratio_dev_max": first["ratio_dev_max"],
         "rollout_s": ro.stats["rollout_s"],
         "update_s": update_s,
         "sampled_tokens": ro.stats["sampled_tokens"],

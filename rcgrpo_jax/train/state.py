@@ -13,7 +13,8 @@ keys are special when accumulating over microbatches: `weight` (how much this mi
 counts, e.g. its number of loss tokens; default 1) and `tokens` (reported). The combined loss and
 gradient are the `weight`-weighted means over microbatches, so a token-normalised loss stays
 exactly token-normalised over the whole batch. `weight`, `tokens` and keys ending in `_sum` are
-summed over microbatches; every other aux value is a `weight`-weighted mean.
+summed over microbatches, keys ending in `_max` take the maximum; every other aux value is a
+`weight`-weighted mean.
 """
 
 from __future__ import annotations
@@ -37,6 +38,17 @@ SUMMED_AUX = ("tokens", "weight")
 
 def _summed(key: str) -> bool:
     return key in SUMMED_AUX or key.endswith("_sum")
+
+
+def _maxed(key: str) -> bool:
+    return key.endswith("_max")
+
+
+def _accumulate(key: str, acc: jax.Array, value: jax.Array, weight: jax.Array) -> jax.Array:
+    """One microbatch's aux `value` into the running `acc` by the key's rule (module docstring)."""
+    if _maxed(key):
+        return jnp.maximum(acc, value)
+    return acc + (value if _summed(key) else weight * value)
 
 
 @flax.struct.dataclass
@@ -140,8 +152,9 @@ def abstract_train_state(
 
 
 def batch_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
-    """Leading (batch) dim over the data-parallel axes; axes that do not divide it are dropped."""
-    axes = ("act_batch",) + (None,) * (len(shape) - 1)
+    """Leading (batch) dim over the data-parallel axes; axes that do not divide it are dropped.
+    A scalar (a batch-wide value) is replicated."""
+    axes = ("act_batch",) + (None,) * (len(shape) - 1) if shape else ()
     return NamedSharding(mesh, msharding.logical_to_spec(axes, shape, mesh))
 
 
@@ -190,22 +203,21 @@ def _loss_and_grads(loss_fn: LossFn, params, batch, rng, grad_accum: int):
         w = jnp.asarray(aux.get("weight", 1.0), jnp.float32)
         g_acc, l_acc, aux_acc = carry
         g_acc = jax.tree.map(lambda acc, g: acc + w * g.astype(jnp.float32), g_acc, grads)
-        aux_acc = {
-            k: aux_acc[k] + (v if _summed(k) else w * v) for k, v in _aux_with_weight(aux).items()
-        }
+        aux_acc = {k: _accumulate(k, aux_acc[k], v, w) for k, v in _aux_with_weight(aux).items()}
         return (g_acc, l_acc + w * loss, aux_acc), None
 
-    # weight/tokens are summed; everything else is weight-summed here and divided below.
+    # weight/tokens summed, maxima kept; everything else weight-summed here and divided below.
     aux_keys = jax.eval_shape(lambda: vg(params, batch, rng)[0][1]).keys()
-    zeros_aux = {k: jnp.zeros((), jnp.float32) for k in {*aux_keys, "weight"}}
+    init = lambda k: jnp.asarray(-jnp.inf if _maxed(k) else 0.0, jnp.float32)
+    aux0 = {k: init(k) for k in {*aux_keys, "weight"}}
     g0 = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     mbs = _microbatches(batch, grad_accum)
     (g_sum, l_sum, aux_sum), _ = jax.lax.scan(
-        body, (g0, jnp.zeros((), jnp.float32), zeros_aux), (mbs, jnp.arange(grad_accum))
+        body, (g0, jnp.zeros((), jnp.float32), aux0), (mbs, jnp.arange(grad_accum))
     )
     w = aux_sum["weight"]
     grads = jax.tree.map(lambda g, p: (g / w).astype(p.dtype), g_sum, params)
-    aux = {k: (v if _summed(k) else v / w) for k, v in aux_sum.items()}
+    aux = {k: (v if _summed(k) or _maxed(k) else v / w) for k, v in aux_sum.items()}
     return l_sum / w, grads, aux
 
 
@@ -224,13 +236,15 @@ def make_train_step(
     grad_accum: int = 1,
     schedule: optax.Schedule | None = None,
     donate: bool = True,
+    outputs: Callable[[Batch], Mapping[str, jax.Array]] | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """One jitted, sharded step: loss/grads (scan over microbatches) → skip-or-apply update.
 
     `shardings` is `state_shardings(...)`; the state is donated. The returned callable takes a
     host-local numpy batch (or global jax arrays) and returns (new_state, metrics) where metrics
     holds loss, grad_norm, skipped (cumulative), update_skipped (this step), tokens, lr and the
-    loss_fn's aux values, all replicated scalars.
+    loss_fn's aux values, all replicated scalars; and whatever `outputs(batch)` computes in the
+    same program (replicated arrays of any shape: the RL step's next reward tokens).
     """
 
     def step_fn(state: TrainState, batch: Batch):
@@ -260,6 +274,8 @@ def make_train_step(
         )
         if schedule is not None:
             metrics["lr"] = jnp.asarray(schedule(applied), jnp.float32)
+        if outputs is not None:
+            metrics.update(outputs(batch))
         return new_state, metrics
 
     rep = _replicated(mesh)
