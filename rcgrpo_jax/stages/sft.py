@@ -16,7 +16,6 @@ from typing import Any
 import jax
 import ml_collections
 
-from rcgrpo_jax import models
 from rcgrpo_jax.data import store
 from rcgrpo_jax.data.loader import train_loader
 from rcgrpo_jax.data.packing import ExampleTooLongError
@@ -25,17 +24,10 @@ from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.rl.advantages import HIGH, LOW
 from rcgrpo_jax.stages import setup
 from rcgrpo_jax.stages.eval import success_rate
-from rcgrpo_jax.train.checkpoint import Checkpointer
-from rcgrpo_jax.train.loop import restore_or_init, train_loop
+from rcgrpo_jax.train.loop import train_loop
 from rcgrpo_jax.train.losses import make_sft_loss
 from rcgrpo_jax.train.metrics import MetricsWriter, flops_per_token
-from rcgrpo_jax.train.optim import OptimConfig, make_optimizer, make_schedule
-from rcgrpo_jax.train.state import (
-    abstract_train_state,
-    init_train_state,
-    make_train_step,
-    state_shardings,
-)
+from rcgrpo_jax.train.state import make_train_step
 
 
 def rollout_policy(config, model, tokenizer, mesh):
@@ -97,29 +89,18 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     if stage not in ("sft", "rctp"):
         raise UserError(f"stages.sft runs stages sft/rctp, not {stage!r}")
     rctp = stage == "rctp"
-    workdir = Path(config.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    mesh = setup.mesh_from_config(config)
-    tokenizer = setup.tokenizer_from_config(config)
-    cfg, params = setup.model_from_config(config, mesh)
+    s = setup.start(config)
+    workdir = s.workdir
     policy = None
     if rctp and int(config.rctp.rollouts_per_entry) > 0:
-        policy = rollout_policy(config, (cfg, params), tokenizer, mesh)
-    dataset_dir, report = dataset(config, tokenizer, workdir, rctp, policy)
+        policy = rollout_policy(config, (s.cfg, s.params), s.tokenizer, s.mesh)
+    dataset_dir, report = dataset(config, s.tokenizer, workdir, rctp, policy)
     if rctp:
-        cfg, params, _ = setup.ensure_reward_tokens(cfg, params, tokenizer, mesh)
-    elif len(tokenizer) > cfg.vocab_size:
-        raise UserError(f"tokenizer has {len(tokenizer)} tokens > model vocab {cfg.vocab_size}")
+        s = setup.with_reward_tokens(s)
+    elif len(s.tokenizer) > s.cfg.vocab_size:
+        raise UserError(f"tokenizer has {len(s.tokenizer)} tokens > model vocab {s.cfg.vocab_size}")
 
     train = config.train
-    optim_cfg = OptimConfig.from_dict(train.optim, default_total_steps=int(train.steps))
-    optimizer = make_optimizer(optim_cfg)
-    psh = models.param_shardings(cfg, mesh)
-    shardings = state_shardings(optimizer, psh, mesh, params)
-    step_fn = make_train_step(
-        make_sft_loss(cfg), optimizer, mesh=mesh, shardings=shardings,
-        grad_accum=optim_cfg.grad_accum, schedule=make_schedule(optim_cfg),
-    )  # fmt: skip
     source = store.load_split(dataset_dir, "train")
     try:
         loader = train_loader(
@@ -130,35 +111,28 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     except ExampleTooLongError as e:
         raise UserError(too_long_message(config, e.length, workdir)) from None
     data_iter = iter(loader)
-    ckpt = Checkpointer(
-        workdir / "checkpoints",
-        save_every=int(train.checkpoint_every),
-        keep=int(train.keep_checkpoints),
-    )
-    target = abstract_train_state(optimizer, models.param_shapes(cfg), shardings)
-    state = restore_or_init(
-        ckpt, target,
-        lambda: init_train_state(params, optimizer, config.seed, mesh=mesh, param_shardings=psh),
-        data_iter,
+    t = setup.training(config, train, s, int(train.steps), data_iter)
+    cfg = t.cfg
+    step_fn = make_train_step(
+        make_sft_loss(cfg), t.optimizer, mesh=t.mesh, shardings=t.shardings,
+        grad_accum=t.optim.grad_accum, schedule=t.schedule,
     )  # fmt: skip
     with MetricsWriter(
         workdir,
         total_steps=int(train.steps),
-        initial_step=int(state.step),
+        initial_step=int(t.state.step),
         desc=stage,
         bar_keys=("loss", "grad_norm", "tokens_per_s"),
     ) as writer:
         state, history = train_loop(
-            step_fn, state, data_iter, int(train.steps), checkpointer=ckpt, writer=writer,
-            flops_per_token=flops_per_token(cfg, int(train.seq_len)),
+            step_fn, t.state, data_iter, int(train.steps), checkpointer=t.checkpointer,
+            writer=writer, flops_per_token=flops_per_token(cfg, int(train.seq_len)),
             peak_flops=float(train.peak_flops) or None,
         )  # fmt: skip
-    ckpt.close()
+    t.checkpointer.close()
 
-    export = workdir / "export"
-    models.save_hf(export, cfg, state.params, tokenizer=tokenizer)
     summary: dict[str, Any] = {
-        "stage": stage, "steps": int(train.steps), "export": str(export),
+        "stage": stage, "steps": int(train.steps), "export": str(t.export_dir),
         "init_from": str(config.model.hf_path),  # "" = the random init
         "data": report["splits"], "final_loss": history[-1]["loss"] if history else None,
         "skipped_updates": int(state.skipped),
@@ -169,7 +143,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         model = (cfg, state.params)
         tokens = {"high": HIGH, "low": LOW} if rctp else {"none": None}
         summary["heldout_success"] = {
-            name: success_rate(config, model, tokenizer, mesh, heldout, tok)
+            name: success_rate(config, model, t.tokenizer, t.mesh, heldout, tok)
             for name, tok in tokens.items()
         }
         rates = summary["heldout_success"]
@@ -177,5 +151,5 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             ", ".join(f"{k} {v:.1%}" for k, v in rates.items()) if rctp else f"{rates['none']:.1%}"
         )
         print(f"{stage}: held-out success {got} on {len(heldout)} entries", flush=True)
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    setup.finish(t, state.params, summary)
     return summary
