@@ -205,7 +205,7 @@ def training(
     from rcgrpo_jax.train.optim import OptimConfig, make_optimizer, make_schedule
     from rcgrpo_jax.train.state import abstract_train_state, init_train_state, state_shardings
 
-    optim = OptimConfig.from_dict(section.optim, default_total_steps=total_steps)
+    optim = OptimConfig.from_dict(section.optim.to_dict(), default_total_steps=total_steps)
     optimizer = make_optimizer(optim)
     psh = models.param_shardings(s.cfg, s.mesh)
     shardings = state_shardings(optimizer, psh, s.mesh, s.params)
@@ -257,13 +257,13 @@ def environment(config: ml_collections.ConfigDict, section: str = "env"):
     `env.module` is imported first, so that a user's module can register its environment."""
     from rcgrpo_jax import envs
 
-    module = config.env.get("module", "")
+    module = config.env.module
     if module:
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as e:
             raise UserError(f"env.module={module!r} cannot be imported: {e}") from None
-    name = config.env.get("benchmark", "bfcl")
+    name = config.env.benchmark
     try:
         factory = envs.get(name)
     except ValueError as e:

@@ -19,7 +19,7 @@ import ml_collections
 from rcgrpo_jax.data import store
 from rcgrpo_jax.data.loader import train_loader
 from rcgrpo_jax.data.packing import ExampleTooLongError
-from rcgrpo_jax.data.trajectories import build_rctp_dataset
+from rcgrpo_jax.data.trajectories import DataSettings, build_rctp_dataset
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.rl.advantages import HIGH, LOW
 from rcgrpo_jax.stages import setup
@@ -53,6 +53,19 @@ def rollout_policy(config, model, tokenizer, mesh):
     return bfcl.model_policy(generate, tokenizer, int(config.rctp.rollout_batch))
 
 
+def data_settings(config: ml_collections.ConfigDict, rctp: bool) -> DataSettings:
+    """The stage-1 builder's settings: `rctp.*` (RCTP's mix; plain SFT when not `rctp`)."""
+    r = config.rctp
+    return DataSettings(
+        enabled=rctp, low_per_high=float(r.low_per_high), perturbations=tuple(r.perturbations),
+        perturbations_per_entry=int(r.perturbations_per_entry),
+        rollouts_per_entry=int(r.rollouts_per_entry), rollout_batch=int(r.rollout_batch),
+        heldout_entries=int(r.heldout_entries), max_tokens=int(r.max_tokens),
+        seed=int(config.seed), chat_format=config.model.chat_format,
+        max_steps_per_turn=int(config.env.max_steps_per_turn),
+    )  # fmt: skip
+
+
 def dataset(config, tokenizer, workdir: Path, rctp: bool, policy=None) -> tuple[str, dict]:
     """The stage-1 dataset: built once per workdir, reused on resume (same seed, same data)."""
     out = workdir / "data"
@@ -64,10 +77,9 @@ def dataset(config, tokenizer, workdir: Path, rctp: bool, policy=None) -> tuple[
 
             prompts.add_reward_tokens(tokenizer)
         return report["dataset_dir"], report
-    c = ml_collections.ConfigDict(config.to_dict())
-    c.rctp.enabled = rctp
     entries = setup.task_entries(config, "train")
-    report = build_rctp_dataset(c, tokenizer, entries, out, policy=policy, overwrite=True)
+    settings = data_settings(config, rctp)
+    report = build_rctp_dataset(settings, tokenizer, entries, out, policy=policy, overwrite=True)
     report_path.write_text(json.dumps(report, indent=1, default=str) + "\n")
     return report["dataset_dir"], report
 
