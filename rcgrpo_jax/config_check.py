@@ -25,7 +25,6 @@ Rule = Callable[[Any], str | None]
 RL_STAGES = ("grpo", "rcgrpo", "all")
 CHAT_FORMATS = ("qwen", "llama", "python")
 DTYPES = ("float32", "bfloat16", "float16")
-FAMILIES = ("qwen2", "llama")
 
 
 def _is_int(v: Any) -> bool:
@@ -147,6 +146,12 @@ def _remat() -> tuple[str, ...]:
     return REMAT_POLICIES
 
 
+def _families() -> tuple[str, ...]:
+    from rcgrpo_jax.models.families import FAMILIES
+
+    return tuple(FAMILIES)
+
+
 def _attention() -> tuple[str, ...]:
     from rcgrpo_jax.models.config import ATTENTION_KINDS
 
@@ -203,7 +208,7 @@ RULES: dict[str, Rule] = {
     "model.arch.qkv_bias": boolean,
     "model.arch.tie_embeddings": boolean,
     "model.arch.max_position_embeddings": integer(1),
-    "model.arch.family": choice(FAMILIES),
+    "model.arch.family": lambda v: choice(_families())(v),
     "tokenizer_path": existing_path,
     "env.benchmark": text,  # a registered name: checked in _cross_checks
     "env.module": text,

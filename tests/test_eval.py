@@ -7,6 +7,7 @@ import json
 import ml_collections
 import pytest
 
+from rcgrpo_jax import config as config_lib
 from rcgrpo_jax import envs
 from rcgrpo_jax.envs import bfcl, prompts
 from rcgrpo_jax.envs.reward import EMPTY_TURN
@@ -15,20 +16,15 @@ from rcgrpo_jax.stages import eval as eval_stage
 
 
 def make_config(workdir, **eval_overrides) -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict(
-        {
-            "workdir": str(workdir),
-            "env": {"max_steps_per_turn": 20},
-            "model": {"chat_format": eval_overrides.pop("chat_format", "qwen")},
-            "eval": {
-                "policy": "ground_truth",
-                "split": "test",
-                "bfcl": {"categories": eval_overrides.pop("categories", bfcl.CATEGORIES)},
-                "max_entries": 0,
-                **eval_overrides,
-            },
-        }
-    )
+    """The base config evaluating the ground truth on BFCL's test split, with `eval.*`
+    overrides (and `chat_format`, `categories` for model.chat_format, eval.bfcl.categories)."""
+    c = config_lib.base_config()
+    c.workdir = str(workdir)
+    c.model.chat_format = eval_overrides.pop("chat_format", "qwen")
+    c.eval.policy = "ground_truth"
+    c.eval.bfcl.categories = eval_overrides.pop("categories", bfcl.CATEGORIES)
+    c.eval.update(eval_overrides)
+    return c
 
 
 def read_jsonl(path):

@@ -1,5 +1,5 @@
 """RCTP / SFT trajectory datasets: labels are the rewards actually received (recomputed from the
-stored records), the mix follows the config, the loss mask covers assistant text only (with the
+stored records), the mix follows the settings, the loss mask covers assistant text only (with the
 real Qwen2.5 tokenizer when present), and plain SFT holds label-1 examples without tokens."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import json
 import random
 import re
 
-import ml_collections
 import pytest
 
 from rcgrpo_jax.data import perturb as P
@@ -82,24 +81,9 @@ def half_right(episodes):
     ]
 
 
-def make_config(**rctp) -> ml_collections.ConfigDict:
-    defaults = {
-        "enabled": True,
-        "low_per_high": -1.0,
-        "perturbations": P.PERTURBATIONS,
-        "perturbations_per_entry": 1,
-        "rollouts_per_entry": 1,
-        "heldout_entries": 0,
-        "max_tokens": 0,
-    }
-    return ml_collections.ConfigDict(
-        {
-            "seed": 0,
-            "model": {"chat_format": "qwen"},
-            "env": {"max_steps_per_turn": 20},
-            "rctp": {**defaults, **rctp},
-        }
-    )
+def make_settings(**overrides) -> T.DataSettings:
+    """Every perturbation, one rollout per entry, every label-0 example kept."""
+    return T.DataSettings(**{"low_per_high": -1.0, "rollouts_per_entry": 1, **overrides})
 
 
 def records(dataset_dir: str, split: str = "train") -> list[dict]:
@@ -111,7 +95,7 @@ def records(dataset_dir: str, split: str = "train") -> list[dict]:
 def rctp_build(tmp_path_factory):
     tok = CharTokenizer()
     report = T.build_rctp_dataset(
-        make_config(), tok, ENTRIES, tmp_path_factory.mktemp("rctp"), policy=half_right
+        make_settings(), tok, ENTRIES, tmp_path_factory.mktemp("rctp"), policy=half_right
     )
     return tok, report, records(report["dataset_dir"])
 
@@ -174,7 +158,7 @@ def test_reward_token_at_start_of_system_prompt(rctp_build):
 
 
 def test_mix_ratio_and_determinism():
-    settings = T.settings_from_config(make_config(low_per_high=1.0, rollouts_per_entry=0))
+    settings = make_settings(low_per_high=1.0, rollouts_per_entry=0)
     tok = CharTokenizer()
     splits, report = T.build_examples(settings, tok, ENTRIES)
     pool, kept = report["pool"]["train"], report["splits"]["train"]
@@ -186,22 +170,22 @@ def test_mix_ratio_and_determinism():
     assert [(r["source"], r["tokens"]) for r in again["train"]] == [
         (r["source"], r["tokens"]) for r in splits["train"]
     ]
-    held = T.settings_from_config(make_config(heldout_entries=1, rollouts_per_entry=0))
+    held = make_settings(heldout_entries=1, rollouts_per_entry=0)
     parts, report = T.build_examples(held, tok, ENTRIES)
     assert {r["entry_id"] for r in parts["heldout"]}.isdisjoint(
         {r["entry_id"] for r in parts["train"]}
     )
     assert len({r["entry_id"] for r in parts["heldout"]}) == 1
-    short = T.settings_from_config(make_config(max_tokens=1, rollouts_per_entry=0))
+    short = make_settings(max_tokens=1, rollouts_per_entry=0)
     with pytest.raises(ValueError, match="no training examples"):
-        T.build_rctp_dataset(make_config(max_tokens=1), tok, ENTRIES[:1], "/nonexistent")
+        T.build_rctp_dataset(make_settings(max_tokens=1), tok, ENTRIES[:1], "/nonexistent")
     assert T.build_examples(short, tok, ENTRIES[:1])[1]["too_long"]["train"] > 0
 
 
 def test_sft_mode_is_label_one_without_tokens(tmp_path):
     tok = CharTokenizer()
     report = T.build_rctp_dataset(
-        make_config(enabled=False), tok, ENTRIES, tmp_path, policy=half_right
+        make_settings(enabled=False), tok, ENTRIES, tmp_path, policy=half_right
     )
     recs = records(report["dataset_dir"])
     assert recs and all(r["label"] == 1 and r["reward_token"] == -1 for r in recs)
@@ -216,6 +200,11 @@ def test_rejects_test_split_entries():
     entries = bfcl.split_entries("test", "multi_turn_base")[:1]
     with pytest.raises(ValueError, match="not in the training split"):
         T.build_examples(T.DataSettings(), CharTokenizer(), entries)
+
+
+def test_unknown_perturbation_kind_is_rejected():
+    with pytest.raises(ValueError, match=r"unknown perturbations \['bogus'\]"):
+        T.DataSettings(perturbations=("wrong_arg", "bogus"))
 
 
 def test_perturbations_change_the_plan():
@@ -269,14 +258,14 @@ def qwen(tokenizer_root):
 
 
 def test_loss_mask_is_assistant_text_with_qwen(qwen, tmp_path):
-    config = make_config(perturbations=("wrong_arg", "missing_step"), rollouts_per_entry=0)
-    report = T.build_rctp_dataset(config, qwen, ENTRIES[:1], tmp_path)
+    settings = make_settings(perturbations=("wrong_arg", "missing_step"), rollouts_per_entry=0)
+    report = T.build_rctp_dataset(settings, qwen, ENTRIES[:1], tmp_path)
     recs = records(report["dataset_dir"])
     assert {r["label"] for r in recs} == {0, 1}
     ids = {r: qwen.convert_tokens_to_ids(t) for r, t in prompts.REWARD_TOKENS.items()}
     assert report["reward_tokens"] == ids and len(qwen) > max(ids.values())
     # The conversations themselves, played again (the builder is deterministic).
-    played, _ = T.collect_trajectories(ENTRIES[:1], T.settings_from_config(config))
+    played, _ = T.collect_trajectories(ENTRIES[:1], settings)
     by_source = {t.source: t for t in played}
     prefix = qwen.encode("<|im_start|>system\n", add_special_tokens=False)
     for rec in recs:

@@ -279,7 +279,7 @@ def test_train_loop_writes_metrics_and_resumes(tmp_path: Path, setup_124, host_p
     def run(num_steps):
         it = _WeightedIter(iter(_loader()))
         ckpt = checkpoint.Checkpointer(tmp_path / "ckpt", save_every=2, keep=5)
-        state = loop.restore_or_init(ckpt, target, lambda: s.fresh(host_params), it)
+        state, _ = loop.restore_or_init(ckpt, target, lambda: s.fresh(host_params), it)
         with metrics.MetricsWriter(
             tmp_path, total_steps=num_steps, initial_step=int(state.step), progress=False
         ) as w:

@@ -9,9 +9,9 @@ follow-up turns are the simulators' own:
 Every trajectory's label is the reward it received (`Episode.result()`), never its source: a
 perturbation that still scores 1 is high quality. RCTP keeps all label-1 trajectories plus
 `low_per_high` label-0 ones per label-1 one, and renders each with its label's reward token at
-the start of the system prompt; plain SFT (`rctp.enabled=False`) keeps label-1 trajectories
-only, without a token. Records go to `data.store.write_dataset`; `meta` holds the decoded calls
-so a label can be recomputed from the stored record (`recompute_reward`).
+the start of the system prompt; plain SFT (`DataSettings.enabled=False`) keeps label-1
+trajectories only, without a token. Records go to `data.store.write_dataset`; `meta` holds the
+decoded calls so a label can be recomputed from the stored record (`recompute_reward`).
 """
 
 from __future__ import annotations
@@ -52,9 +52,10 @@ Counts = dict[str, dict[int, int]]  # source -> label -> number of trajectories
 
 @dataclass(frozen=True)
 class DataSettings:
-    """What the builder reads from the config (`settings_from_config`); defaults in brackets."""
+    """How the builder makes the dataset; the stage fills it from the config key named beside
+    each field (`stages.sft.data_settings`)."""
 
-    enabled: bool = True  # rctp.enabled: reward tokens + low pool [True]; False = plain SFT
+    enabled: bool = True  # the stage is rctp: reward tokens + low pool; False = plain SFT
     low_per_high: float = 1.0  # rctp.low_per_high: label-0 per label-1 kept; < 0 keeps all
     perturbations: tuple[str, ...] = PERTURBATIONS  # rctp.perturbations: kinds to generate
     perturbations_per_entry: int = 1  # rctp.perturbations_per_entry: per kind and entry
@@ -62,9 +63,14 @@ class DataSettings:
     rollout_batch: int = 64  # rctp.rollout_batch: episodes stepped together per policy call
     heldout_entries: int = 0  # rctp.heldout_entries: entries moved to the "heldout" split
     max_tokens: int = 0  # rctp.max_tokens: longer rendered trajectories dropped; 0 = no limit
-    seed: int = 0  # rctp.seed, else config.seed
+    seed: int = 0  # seed
     chat_format: str = "qwen"  # model.chat_format
     max_steps_per_turn: int = MAX_STEPS_PER_TURN  # env.max_steps_per_turn
+
+    def __post_init__(self) -> None:
+        unknown = set(self.perturbations) - set(PERTURBATIONS)
+        if unknown:
+            raise ValueError(f"unknown perturbations {sorted(unknown)}; expected {PERTURBATIONS}")
 
 
 @dataclass
@@ -79,44 +85,6 @@ class Trajectory:
     @property
     def label(self) -> int:
         return int(self.result.reward == 1.0)
-
-
-# ---------------------------------------------------------------------------------------------
-# Config
-
-
-def _get(section: Any, key: str, default: Any) -> Any:
-    if section is None:
-        return default
-    value = section.get(key, None) if hasattr(section, "get") else getattr(section, key, None)
-    return default if value is None else value
-
-
-def settings_from_config(config: Any) -> DataSettings:
-    """Settings from an ml_collections config; missing keys take `DataSettings` defaults."""
-    d = DataSettings()
-    rctp = _get(config, "rctp", None)
-    kinds = tuple(_get(rctp, "perturbations", d.perturbations))
-    unknown = set(kinds) - set(PERTURBATIONS)
-    if unknown:
-        raise ValueError(f"unknown perturbations {sorted(unknown)}; expected {PERTURBATIONS}")
-    return DataSettings(
-        enabled=bool(_get(rctp, "enabled", d.enabled)),
-        low_per_high=float(_get(rctp, "low_per_high", d.low_per_high)),
-        perturbations=kinds,
-        perturbations_per_entry=int(
-            _get(rctp, "perturbations_per_entry", d.perturbations_per_entry)
-        ),
-        rollouts_per_entry=int(_get(rctp, "rollouts_per_entry", d.rollouts_per_entry)),
-        rollout_batch=int(_get(rctp, "rollout_batch", d.rollout_batch)),
-        heldout_entries=int(_get(rctp, "heldout_entries", d.heldout_entries)),
-        max_tokens=int(_get(rctp, "max_tokens", d.max_tokens)),
-        seed=int(_get(rctp, "seed", _get(config, "seed", d.seed))),
-        chat_format=str(_get(_get(config, "model", None), "chat_format", d.chat_format)),
-        max_steps_per_turn=int(
-            _get(_get(config, "env", None), "max_steps_per_turn", d.max_steps_per_turn)
-        ),
-    )
 
 
 def check_training_entries(entries: Iterable[Entry]) -> None:
@@ -370,7 +338,7 @@ def build_examples(
 
 
 def build_rctp_dataset(
-    config: Any,
+    settings: DataSettings,
     tokenizer: Any,
     entries: Sequence[Entry],
     out_dir: str | Path,
@@ -378,13 +346,12 @@ def build_rctp_dataset(
     *,
     overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Build, log and write the RCTP (or, with `rctp.enabled=False`, plain SFT) dataset.
+    """Build, log and write the RCTP (or, with `settings.enabled=False`, plain SFT) dataset.
 
     `tokenizer` gains the reward tokens in RCTP mode (resize the model's vocab to
     `len(tokenizer)` afterwards). Returns the counts report plus `dataset_dir` (pass it to
     `data.store.load_split`).
     """
-    settings = settings_from_config(config)
     splits, report = build_examples(settings, tokenizer, entries, policy)
     if not splits[TRAIN_SPLIT]:
         raise ValueError(f"no training examples kept; pool: {report['pool'][TRAIN_SPLIT]}")

@@ -470,7 +470,21 @@ def copy_top(ctx: _Ctx) -> Turn | None:
     return _top_to_new_name(ctx, "cp", texts)
 
 
-def _top_into_folder(ctx: _Ctx, function: str, index: int, texts: tuple[str, str]) -> Turn | None:
+# The user's two phrasings of moving (mv) or copying (cp) the top file into a listed folder.
+_INTO_FOLDER_TEXTS = {
+    "cp": (
+        "Copy the top file into the {nth} folder.",
+        "Put a copy of the top file in the {nth} folder.",
+    ),
+    "mv": (
+        "Move the top file into the {nth} folder.",
+        "Put the file at the top in the {nth} folder.",
+    ),
+}
+_ORDINALS = ("first", "second")
+
+
+def _top_into_folder(ctx: _Ctx, function: str, index: int) -> Turn | None:
     """`function(source=<top file>, destination=<the top's index-th folder>)` after one `ls`:
     both names at fixed distances in its output."""
     found, folders = _top_file(ctx), _top_folders(ctx)
@@ -479,34 +493,24 @@ def _top_into_folder(ctx: _Ctx, function: str, index: int, texts: tuple[str, str
     _, look, target = found
     ctx.focus = ((folders[index],), target)
     act = [_call(function, source=target, destination=folders[index])]
+    texts = tuple(t.format(nth=_ORDINALS[index]) for t in _INTO_FOLDER_TEXTS[function])
     return ctx.rng.choice(texts), [look, act]
 
 
-def copy_into_first(ctx: _Ctx) -> Turn | None:
-    """Copy the top file into the top's first folder."""
-    texts = (
-        "Copy the top file into the first folder.",
-        "Put a copy of the top file in the first folder.",
-    )
-    return _top_into_folder(ctx, "cp", 0, texts)
+# Top file into a listed folder: template -> (function, folder index). `stash_top` is a
+# pretraining chore (below): mv into the first folder, never the demo's second one.
+_INTO_FOLDER: dict[str, tuple[str, int]] = {
+    "copy_into_first": ("cp", 0),
+    "copy_into_second": ("cp", 1),
+    "move_into_second": ("mv", 1),
+    "stash_top": ("mv", 0),
+}
 
 
-def copy_into_second(ctx: _Ctx) -> Turn | None:
-    """Copy the top file into the top's second folder."""
-    texts = (
-        "Copy the top file into the second folder.",
-        "Put a copy of the top file in the second folder.",
-    )
-    return _top_into_folder(ctx, "cp", 1, texts)
-
-
-def move_into_second(ctx: _Ctx) -> Turn | None:
-    """Move the top file into the top's second folder."""
-    texts = (
-        "Move the top file into the second folder.",
-        "Put the file at the top in the second folder.",
-    )
-    return _top_into_folder(ctx, "mv", 1, texts)
+def _into_folder(name: str) -> Callable[[_Ctx], Turn | None]:
+    """The `_INTO_FOLDER` template `name`."""
+    function, index = _INTO_FOLDER[name]
+    return lambda ctx: _top_into_folder(ctx, function, index)
 
 
 def count_top(ctx: _Ctx) -> Turn | None:
@@ -547,20 +551,6 @@ def delete_top(ctx: _Ctx) -> Turn | None:
 def show_top(ctx: _Ctx) -> Turn | None:
     """Show the file at the top (listed last by `ls`)."""
     return _top_one(ctx, "cat", ("Show me the file at the top.", "What does the top file say?"))
-
-
-def stash_top(ctx: _Ctx) -> Turn | None:
-    """Move the top file into the top's first folder (both names read from one `ls`)."""
-    found, folders = _top_file(ctx), _top_folders(ctx)
-    if found is None or not folders:
-        return None
-    (_, look, target), first = found, folders[0]
-    texts = (
-        "Move the top file into the first folder.",
-        "Put the file at the top in the first folder.",
-    )
-    ctx.focus = ((first,), target)
-    return ctx.rng.choice(texts), [look, [_call("mv", source=target, destination=first)]]
 
 
 def backup_top(ctx: _Ctx) -> Turn | None:
@@ -617,12 +607,12 @@ MAIN_TEMPLATES: dict[str, Callable[[_Ctx], Turn | None]] = {
     "rename_top": rename_top,
     "copy_top": copy_top,
     "count_top": count_top,
-    "copy_into_first": copy_into_first,
-    "copy_into_second": copy_into_second,
-    "move_into_second": move_into_second,
+    "copy_into_first": _into_folder("copy_into_first"),
+    "copy_into_second": _into_folder("copy_into_second"),
+    "move_into_second": _into_folder("move_into_second"),
     "delete_top": delete_top,
     "show_top": show_top,
-    "stash_top": stash_top,
+    "stash_top": _into_folder("stash_top"),
     "backup_top": backup_top,
     "folder_in_second": folder_in_second,
     "touch_top": touch_top,

@@ -40,6 +40,8 @@ ROLE_TOKENS = {
 END_OF_TURN = "<|end|>"  # one of `prompts._END_OF_TURN`
 UNK, PAD = "<unk>", "<pad>"
 SPECIAL_TOKENS = (*ROLE_TOKENS.values(), END_OF_TURN, *prompts.REWARD_TOKENS.values())
+# The token roles of the transformers wrapper (eos: the end of a turn).
+WRAPPER_ROLES = {"unk_token": UNK, "pad_token": PAD, "eos_token": END_OF_TURN}
 # Frequent characters that SentencePiece would otherwise only reach through byte fallback, and
 # the syllables of the synthetic tasks' names: one piece each, never merged with their
 # neighbours, so a name tokenizes the same in every context (and held-out names like training
@@ -156,11 +158,9 @@ def from_sentencepiece(model_proto: bytes) -> Any:
     tok.add_tokens([AddedToken(t, normalized=False) for t in EXTRA_SYMBOLS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        unk_token=UNK,
-        pad_token=PAD,
-        eos_token=END_OF_TURN,
         chat_template=CHAT_TEMPLATE,
         clean_up_tokenization_spaces=False,
+        **WRAPPER_ROLES,
     )
 
 

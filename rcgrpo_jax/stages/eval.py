@@ -7,11 +7,12 @@ Writes under `<workdir>/eval/<split>-<policy>/`:
 - `summary.json`: per-category and overall accuracy (%), error counts, wall time;
 - `table.txt`: the one-screen table that is also printed.
 
-Config keys read: workdir, eval.policy ('model' | 'ground_truth' | 'empty'), eval.split
-('test' | 'train' | 'all'), eval.max_entries (0 = all, else first N per category),
-eval.reward_token (optional: None, 0 or 1), eval.batch_size (optional, model policy),
-env.benchmark with its options env.<benchmark> under eval.<benchmark> (e.g. eval.bfcl.categories),
-env.max_steps_per_turn, model.chat_format ('qwen' | 'llama' | 'python').
+Config keys read (declared in `rcgrpo_jax.config`): workdir, eval.policy ('model' |
+'ground_truth' | 'empty'), eval.split ('test' | 'train' | 'all'), eval.max_entries (0 = all, else
+first N per category), eval.reward_token (None, 0 or 1), eval.batch_size, eval.max_new_tokens,
+eval.max_len and eval.temperature (model policy), env.benchmark with its options env.<benchmark>
+under eval.<benchmark> (e.g. eval.bfcl.categories), env.max_steps_per_turn, env.call_timeout_s,
+model.chat_format ('qwen' | 'llama' | 'python').
 """
 
 from __future__ import annotations
@@ -23,25 +24,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import ml_collections
+
 from rcgrpo_jax.envs import Episode, EpisodeSettings, policies
 from rcgrpo_jax.envs.reward import ERROR_TYPES, RewardResult
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.stages import setup
-
-_MISSING = object()
-
-
-def _cfg(config: Any, dotted: str, default: Any = _MISSING) -> Any:
-    """`config.a.b` for a dotted key, or `default` when absent (configs evolve separately)."""
-    node = config
-    for key in dotted.split("."):
-        try:
-            node = node[key] if isinstance(node, dict) else getattr(node, key)
-        except (KeyError, AttributeError):
-            if default is _MISSING:
-                raise KeyError(f"config has no {dotted!r}") from None
-            return default
-    return node
 
 
 class ModelPolicyUnavailable(UserError, NotImplementedError):
@@ -149,7 +137,11 @@ def format_table(summary: dict[str, Any]) -> str:
 
 
 def model_episodes(
-    config: Any, entries: Sequence[Any], model: tuple[Any, Any], tokenizer: Any, mesh: Any
+    config: ml_collections.ConfigDict,
+    entries: Sequence[Any],
+    model: tuple[Any, Any],
+    tokenizer: Any,
+    mesh: Any,
 ) -> list[Episode | None]:
     """Runs the model on `entries` with the RL rollout machinery (KV cache kept across turns),
     `eval.batch_size` entries at a time, one trajectory each. Multi-process: each process runs
@@ -157,64 +149,74 @@ def model_episodes(
     env = setup.environment(config)
     return [
         e
-        for ro in _model_rollouts(config, env, entries, model, tokenizer, mesh)
+        for ro in _model_rollouts(
+            config, env, entries, model, tokenizer, mesh, config.eval.reward_token
+        )
         for e in ro.episodes
     ]
 
 
 def _model_rollouts(
-    config: Any, env: Any, entries: Sequence[Any], model: tuple[Any, Any], tokenizer: Any, mesh: Any
+    config: ml_collections.ConfigDict,
+    env: Any,
+    entries: Sequence[Any],
+    model: tuple[Any, Any],
+    tokenizer: Any,
+    mesh: Any,
+    reward_token: int | None,
 ) -> list[Any]:
-    """`rl.rollout.Rollouts` of `env`'s `entries`, `eval.batch_size` (0 = all) at a time.
-    Entries whose prompt alone does not fit `eval.max_len` are left out (said once)."""
+    """`rl.rollout.Rollouts` of `env`'s `entries` conditioned on `reward_token` (None: no
+    token), `eval.batch_size` (0 = all) at a time. Entries whose prompt alone does not fit
+    `eval.max_len` are left out (said once)."""
     import numpy as np
 
     from rcgrpo_jax.rl.advantages import NONE
     from rcgrpo_jax.rl.rollout import RolloutSettings, collect
 
     cfg, params = model
-    token = _cfg(config, "eval.reward_token", None)
     settings = RolloutSettings(
-        chat_format=_cfg(config, "model.chat_format", "qwen"),
-        max_new_tokens=int(_cfg(config, "eval.max_new_tokens")),
-        max_len=int(_cfg(config, "eval.max_len")),
-        temperature=float(_cfg(config, "eval.temperature", 0.0)),
-        max_steps_per_turn=int(
-            _cfg(config, "env.max_steps_per_turn", EpisodeSettings.max_steps_per_turn)
-        ),
+        chat_format=config.model.chat_format,
+        max_new_tokens=int(config.eval.max_new_tokens),
+        max_len=int(config.eval.max_len),
+        temperature=float(config.eval.temperature),
+        max_steps_per_turn=int(config.env.max_steps_per_turn),
+        call_timeout_s=float(config.env.call_timeout_s),
     )
     entries = setup.fitting_entries(
         env, entries, tokenizer, settings.chat_format, settings.max_len,
         "evaluation entries for eval.max_len",
     )  # fmt: skip
-    size = int(_cfg(config, "eval.batch_size", 0)) or len(entries)
+    size = int(config.eval.batch_size) or len(entries)
     out = []
     for i in range(0, len(entries), size):
         chunk = entries[i : i + size]
-        tokens = np.full((len(chunk), 1), NONE if token is None else int(token), np.int32)
+        token = NONE if reward_token is None else int(reward_token)
+        tokens = np.full((len(chunk), 1), token, np.int32)
         out.append(collect(cfg, params, tokenizer, env, chunk, tokens, settings, seed=i, mesh=mesh))
     return out
 
 
 def success_rate(
-    config: Any, model: tuple[Any, Any], tokenizer: Any, mesh: Any, entries, reward_token
+    config: ml_collections.ConfigDict,
+    model: tuple[Any, Any],
+    tokenizer: Any,
+    mesh: Any,
+    entries,
+    reward_token,
 ) -> float:
     """Held-out success of the model (eval.* sampling settings), conditioned on `reward_token`
     (None: no token) — for periodic RL evaluation and the RCTP controllability report."""
-    import ml_collections
-
-    c = ml_collections.ConfigDict(config.to_dict())
-    c.eval.reward_token = reward_token
+    env = setup.environment(config)
     rewards = [
         float(x)
-        for ro in _model_rollouts(c, setup.environment(c), entries, model, tokenizer, mesh)
+        for ro in _model_rollouts(config, env, entries, model, tokenizer, mesh, reward_token)
         for x in ro.rewards[:, 0]
     ]  # every entry's reward, whichever process ran it
     return sum(rewards) / max(len(rewards), 1)
 
 
 def run(
-    config: Any,
+    config: ml_collections.ConfigDict,
     generate_fn: policies.GenerateFn | None = None,
     tokenizer: Any = None,
     model: tuple[Any, Any] | None = None,
@@ -225,28 +227,29 @@ def run(
     policy='model' uses `model` = (cfg, params) — loaded from the config when not given — and
     the rollout sampler; `generate_fn` instead plugs any token-level sampler (re-prompting).
     """
-    policy_name = _cfg(config, "eval.policy")
-    split = _cfg(config, "eval.split", "test")
-    max_entries = int(_cfg(config, "eval.max_entries", 0))
+    policy_name = config.eval.policy
+    split = config.eval.split
     env = setup.environment(config, "eval")
-    entries, categories = select_entries(env, split, max_entries), list(env.categories)
-    chat_format = _cfg(config, "model.chat_format", "qwen")
-    batch_size = int(_cfg(config, "eval.batch_size", 0))
+    entries = select_entries(env, split, int(config.eval.max_entries))
+    categories = list(env.categories)
+    chat_format = config.model.chat_format
     use_rollouts = policy_name == "model" and generate_fn is None
     if use_rollouts:
         mesh = mesh if mesh is not None else setup.mesh_from_config(config)
         model = model if model is not None else setup.model_from_config(config, mesh)
         tokenizer = tokenizer if tokenizer is not None else setup.tokenizer_from_config(config)
     else:
-        policy = make_policy(policy_name, generate_fn, tokenizer, batch_size)
+        policy = make_policy(policy_name, generate_fn, tokenizer, int(config.eval.batch_size))
 
-    max_steps = int(_cfg(config, "env.max_steps_per_turn", EpisodeSettings.max_steps_per_turn))
     start = time.perf_counter()
     if use_rollouts:
         from rcgrpo_jax import distributed
 
         records = []
-        for ro in _model_rollouts(config, env, entries, model, tokenizer, mesh):
+        rollouts = _model_rollouts(
+            config, env, entries, model, tokenizer, mesh, config.eval.reward_token
+        )
+        for ro in rollouts:
             mine = [
                 entry_record(e, res[0])
                 for e, res in zip(ro.episodes, ro.results, strict=True)
@@ -254,8 +257,12 @@ def run(
             ]  # this process's entries; gathered so that process 0 writes them all
             records += [r for part in distributed.allgather_objects(mine) for r in part]
     else:
-        settings = EpisodeSettings(chat_format, max_steps_per_turn=max_steps)
-        token = _cfg(config, "eval.reward_token", None)
+        settings = EpisodeSettings(
+            chat_format,
+            max_steps_per_turn=int(config.env.max_steps_per_turn),
+            call_timeout_s=float(config.env.call_timeout_s),
+        )
+        token = config.eval.reward_token
         episodes = [env.episode(entry, settings, reward_token=token) for entry in entries]
         policies.run_episodes(episodes, policy)
         records = [entry_record(e, e.result()) for e in episodes]
@@ -267,7 +274,7 @@ def run(
         "wall_time_s": time.perf_counter() - start,
     }
 
-    out_dir = Path(_cfg(config, "workdir")) / "eval" / f"{split}-{policy_name}"
+    out_dir = Path(config.workdir) / "eval" / f"{split}-{policy_name}"
     import jax
 
     if jax.process_index() != 0:  # process 0 writes

@@ -37,17 +37,15 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 
-from rcgrpo_jax import distributed, models
+from rcgrpo_jax import distributed
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.rl.advantages import (
     HIGH,
@@ -63,15 +61,8 @@ from rcgrpo_jax.rl.train_step import NEXT_TOKENS, make_rl_step, sequence_logprob
 from rcgrpo_jax.stages import setup
 from rcgrpo_jax.stages.eval import success_rate
 from rcgrpo_jax.train import plots
-from rcgrpo_jax.train.checkpoint import Checkpointer
-from rcgrpo_jax.train.metrics import JsonlLog, MetricsWriter, write_atomic, writing
-from rcgrpo_jax.train.optim import OptimConfig, make_optimizer, make_schedule
-from rcgrpo_jax.train.state import (
-    abstract_train_state,
-    batch_sharding,
-    init_train_state,
-    state_shardings,
-)
+from rcgrpo_jax.train.metrics import JsonlLog, MetricsWriter, writing
+from rcgrpo_jax.train.state import batch_sharding
 
 DYNAMICS_KEYS = ("reward_mean", "degenerate_frac", "entropy")
 
@@ -166,12 +157,8 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         raise UserError(f"stages.rl runs stages grpo/rcgrpo, not {algo!r}")
     rl = config.rl
     _check(rl, algo)
-    workdir = Path(config.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    mesh = setup.mesh_from_config(config)
-    tokenizer = setup.tokenizer_from_config(config, rl.init_from)
-    cfg, params = setup.model_from_config(config, mesh, hf_path=rl.init_from)
-    cfg, params, _ = setup.ensure_reward_tokens(cfg, params, tokenizer, mesh)
+    s = setup.with_reward_tokens(setup.start(config, rl.init_from))
+    workdir, mesh, tokenizer = s.workdir, s.mesh, s.tokenizer
     env = setup.environment(config)
     train_pool = setup.fitting_entries(
         env, setup.task_entries(config, "train"), tokenizer, config.model.chat_format,
@@ -181,17 +168,13 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     if config.eval.max_entries:
         test_pool = test_pool[: int(config.eval.max_entries)]
 
-    optim_cfg = OptimConfig.from_dict(
-        rl.optim, default_total_steps=int(rl.steps) * _updates_per_iteration(rl)
-    )
-    optimizer = make_optimizer(optim_cfg)
-    psh = models.param_shardings(cfg, mesh)
-    shardings = state_shardings(optimizer, psh, mesh, params)
+    t = setup.training(config, rl, s, int(rl.steps) * _updates_per_iteration(rl))
+    cfg, optim_cfg, ckpt, state = t.cfg, t.optim, t.checkpointer, t.state
     objective = setup.objective_from_config(rl)
     tokens_draw = token_draw(algo, rl, config.seed)
     step_fn = make_rl_step(
-        cfg, objective, optimizer, tokens=tokens_draw, mesh=mesh, shardings=shardings,
-        grad_accum=optim_cfg.grad_accum, schedule=make_schedule(optim_cfg),
+        cfg, objective, t.optimizer, tokens=tokens_draw, mesh=mesh, shardings=t.shardings,
+        grad_accum=optim_cfg.grad_accum, schedule=t.schedule,
     )  # fmt: skip
     settings = RolloutSettings(
         chat_format=config.model.chat_format, max_new_tokens=int(rl.max_new_tokens),
@@ -199,25 +182,13 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         max_steps_per_turn=int(config.env.max_steps_per_turn),
         call_timeout_s=float(config.env.call_timeout_s),
     )  # fmt: skip
-    ref_params = params if objective.kl_beta > 0 else None
+    ref_params = s.params if objective.kl_beta > 0 else None
+    del s  # the state owns the policy from here on
     p_, g_ = int(rl.num_prompts), int(rl.group_size)
     budget = int(rl.max_rollouts) or int(rl.steps) * p_ * g_
-
-    ckpt = Checkpointer(
-        workdir / "checkpoints", save_every=int(rl.checkpoint_every), keep=int(rl.keep_checkpoints)
-    )
-    restored = ckpt.restore_latest(
-        abstract_train_state(optimizer, models.param_shapes(cfg), shardings)
-    )
-    if restored is None:
-        state = init_train_state(params, optimizer, config.seed, mesh=mesh, param_shardings=psh)
-        start = generated = 0
-    else:
-        state, data_state, _ = restored
-        start = int(data_state["iteration"])
-        # a checkpoint without the count: made when every iteration generated P x G
-        generated = int(data_state.get("generated_rollouts", start * p_ * g_))
-    del params  # the state owns the policy from here on
+    start = int(t.data_state.get("iteration", 0))
+    # a checkpoint without the count: made when every iteration generated P x G
+    generated = int(t.data_state.get("generated_rollouts", start * p_ * g_))
 
     eval_token = HIGH if algo == "rcgrpo" or rl.grpo_token == "high" else None
     main = distributed.is_main_process()
@@ -306,27 +277,19 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             ckpt.save(done, state, {"iteration": done, "generated_rollouts": generated})
         ckpt.save(done, state, {"iteration": done, "generated_rollouts": generated}, force=True)
 
-    export = workdir / "export"
-    # every process takes part in gathering params sharded over several processes
-    final = (
-        state.params if distributed.process_count() == 1 else distributed.host_tree(state.params)
-    )
     summary = {
         "stage": algo,
         "iterations": done,
         "generated_rollouts": generated,
-        "export": str(export),
+        "export": str(t.export_dir),
         "final": history[-1] if history else {},
     }
     if main:
-        with writing(export):
-            models.save_hf(export, cfg, final, tokenizer=tokenizer)
         with writing(workdir / "dynamics.png"):
             plots.plot_metrics(
                 {algo: workdir / "metrics.jsonl"}, DYNAMICS_KEYS, workdir / "dynamics.png"
             )
-        write_atomic(workdir / "summary.json", json.dumps(summary, indent=1) + "\n")
-    distributed.barrier("rcgrpo_rl_outputs")  # the outputs exist when any process returns
+    setup.finish(t, state.params, summary)
     return summary
 
 

@@ -1,8 +1,11 @@
-"""What every stage needs from a config: the mesh, the model, the workdir."""
+"""What every stage needs from a config: the mesh, the model, the workdir; and the set-up,
+restore, checkpoints and export that the training stages (sft/rctp, grpo/rcgrpo) share."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import json
 import os
 import sys
 import weakref
@@ -131,6 +134,114 @@ def ensure_reward_tokens(cfg, params, tokenizer, mesh=None):
     return cfg, params, ids
 
 
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """What a training stage starts from: its workdir, the mesh, the tokenizer and the initial
+    model (cfg, params)."""
+
+    workdir: Path
+    mesh: Any
+    tokenizer: Any
+    cfg: Any  # models.ModelConfig
+    params: Any
+
+
+def start(config: ml_collections.ConfigDict, init_from: str = "") -> Start:
+    """The workdir (created), mesh, tokenizer and model; `init_from` (an HF directory, e.g. a
+    previous stage's export) replaces model.hf_path for both the model and the tokenizer."""
+    path = Path(config.workdir)
+    path.mkdir(parents=True, exist_ok=True)
+    mesh = mesh_from_config(config)
+    tokenizer = tokenizer_from_config(config, init_from)
+    cfg, params = model_from_config(config, mesh, hf_path=init_from)
+    return Start(path, mesh, tokenizer, cfg, params)
+
+
+def with_reward_tokens(s: Start) -> Start:
+    """`s` with the reward tokens in its tokenizer and their embedding rows in its model
+    (`ensure_reward_tokens`)."""
+    cfg, params, _ = ensure_reward_tokens(s.cfg, s.params, s.tokenizer, s.mesh)
+    return dataclasses.replace(s, cfg=cfg, params=params)
+
+
+@dataclasses.dataclass(frozen=True)
+class Training:
+    """A training stage's set-up: the model's optimizer (from `<section>.optim`), the state's
+    shardings, the checkpointer of `<workdir>/checkpoints` and the state to start from: the
+    newest restorable checkpoint's, else a fresh one. `data_state` is what that checkpoint
+    stored beside the state ({} for a fresh state)."""
+
+    workdir: Path
+    mesh: Any
+    tokenizer: Any
+    cfg: Any  # models.ModelConfig
+    optim: Any  # train.optim.OptimConfig
+    optimizer: Any  # optax.GradientTransformation
+    schedule: Any  # optax.Schedule: the learning rate the step logs
+    shardings: Any  # train.state.TrainState of shardings
+    checkpointer: Any  # train.checkpoint.Checkpointer
+    state: Any  # train.state.TrainState
+    data_state: dict
+
+    @property
+    def export_dir(self) -> Path:
+        return self.workdir / "export"
+
+
+def training(
+    config: ml_collections.ConfigDict,
+    section: ml_collections.ConfigDict,
+    s: Start,
+    total_steps: int,
+    data_iter: Any = None,
+) -> Training:
+    """The optimizer, shardings, checkpointer and (restored or fresh) state of a stage whose
+    settings are `section` (config.train or config.rl: optim, checkpoint_every,
+    keep_checkpoints); `total_steps` optimizer updates are the schedule's default length. A
+    restored checkpoint's iterator position is set on `data_iter` (when given)."""
+    from rcgrpo_jax import models
+    from rcgrpo_jax.train.checkpoint import Checkpointer
+    from rcgrpo_jax.train.loop import restore_or_init
+    from rcgrpo_jax.train.optim import OptimConfig, make_optimizer, make_schedule
+    from rcgrpo_jax.train.state import abstract_train_state, init_train_state, state_shardings
+
+    optim = OptimConfig.from_dict(section.optim.to_dict(), default_total_steps=total_steps)
+    optimizer = make_optimizer(optim)
+    psh = models.param_shardings(s.cfg, s.mesh)
+    shardings = state_shardings(optimizer, psh, s.mesh, s.params)
+    ckpt = Checkpointer(
+        s.workdir / "checkpoints",
+        save_every=int(section.checkpoint_every),
+        keep=int(section.keep_checkpoints),
+    )
+    target = abstract_train_state(optimizer, models.param_shapes(s.cfg), shardings)
+    fresh = lambda: init_train_state(
+        s.params, optimizer, config.seed, mesh=s.mesh, param_shardings=psh
+    )
+    state, data_state = restore_or_init(ckpt, target, fresh, data_iter)
+    return Training(
+        s.workdir, s.mesh, s.tokenizer, s.cfg, optim, optimizer, make_schedule(optim),
+        shardings, ckpt, state, data_state,
+    )  # fmt: skip
+
+
+def finish(t: Training, params: Any, summary: dict[str, Any]) -> None:
+    """Exports `params` with the tokenizer as an HF directory (`t.export_dir`) and writes
+    `summary` as `<workdir>/summary.json`, which marks the stage done. Every process takes part in
+    gathering params sharded over several; process 0 alone writes; every process returns once
+    the outputs exist."""
+    from rcgrpo_jax import distributed, models
+    from rcgrpo_jax.train.metrics import write_atomic, writing
+
+    final = params if distributed.process_count() == 1 else distributed.host_tree(params)
+    if distributed.is_main_process():
+        with writing(t.export_dir):
+            models.save_hf(t.export_dir, t.cfg, final, tokenizer=t.tokenizer)
+        text = json.dumps(summary, indent=1, default=str) + "\n"
+        write_atomic(t.workdir / "summary.json", text)
+    distributed.barrier("rcgrpo_stage_outputs")
+
+
 def _plain(value: Any) -> Any:
     """A config value as plain Python: sub-trees as dicts, lists as tuples (hashable, frozen)."""
     if isinstance(value, (ml_collections.ConfigDict, dict)):
@@ -146,13 +257,13 @@ def environment(config: ml_collections.ConfigDict, section: str = "env"):
     `env.module` is imported first, so that a user's module can register its environment."""
     from rcgrpo_jax import envs
 
-    module = config.env.get("module", "")
+    module = config.env.module
     if module:
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as e:
             raise UserError(f"env.module={module!r} cannot be imported: {e}") from None
-    name = config.env.get("benchmark", "bfcl")
+    name = config.env.benchmark
     try:
         factory = envs.get(name)
     except ValueError as e:

@@ -16,26 +16,18 @@ from typing import Any
 import jax
 import ml_collections
 
-from rcgrpo_jax import models
 from rcgrpo_jax.data import store
 from rcgrpo_jax.data.loader import train_loader
 from rcgrpo_jax.data.packing import ExampleTooLongError
-from rcgrpo_jax.data.trajectories import build_rctp_dataset
+from rcgrpo_jax.data.trajectories import DataSettings, build_rctp_dataset
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.rl.advantages import HIGH, LOW
 from rcgrpo_jax.stages import setup
 from rcgrpo_jax.stages.eval import success_rate
-from rcgrpo_jax.train.checkpoint import Checkpointer
-from rcgrpo_jax.train.loop import restore_or_init, train_loop
+from rcgrpo_jax.train.loop import train_loop
 from rcgrpo_jax.train.losses import make_sft_loss
 from rcgrpo_jax.train.metrics import MetricsWriter, flops_per_token
-from rcgrpo_jax.train.optim import OptimConfig, make_optimizer, make_schedule
-from rcgrpo_jax.train.state import (
-    abstract_train_state,
-    init_train_state,
-    make_train_step,
-    state_shardings,
-)
+from rcgrpo_jax.train.state import make_train_step
 
 
 def rollout_policy(config, model, tokenizer, mesh):
@@ -61,6 +53,19 @@ def rollout_policy(config, model, tokenizer, mesh):
     return bfcl.model_policy(generate, tokenizer, int(config.rctp.rollout_batch))
 
 
+def data_settings(config: ml_collections.ConfigDict, rctp: bool) -> DataSettings:
+    """The stage-1 builder's settings: `rctp.*` (RCTP's mix; plain SFT when not `rctp`)."""
+    r = config.rctp
+    return DataSettings(
+        enabled=rctp, low_per_high=float(r.low_per_high), perturbations=tuple(r.perturbations),
+        perturbations_per_entry=int(r.perturbations_per_entry),
+        rollouts_per_entry=int(r.rollouts_per_entry), rollout_batch=int(r.rollout_batch),
+        heldout_entries=int(r.heldout_entries), max_tokens=int(r.max_tokens),
+        seed=int(config.seed), chat_format=config.model.chat_format,
+        max_steps_per_turn=int(config.env.max_steps_per_turn),
+    )  # fmt: skip
+
+
 def dataset(config, tokenizer, workdir: Path, rctp: bool, policy=None) -> tuple[str, dict]:
     """The stage-1 dataset: built once per workdir, reused on resume (same seed, same data)."""
     out = workdir / "data"
@@ -72,10 +77,9 @@ def dataset(config, tokenizer, workdir: Path, rctp: bool, policy=None) -> tuple[
 
             prompts.add_reward_tokens(tokenizer)
         return report["dataset_dir"], report
-    c = ml_collections.ConfigDict(config.to_dict())
-    c.rctp.enabled = rctp
     entries = setup.task_entries(config, "train")
-    report = build_rctp_dataset(c, tokenizer, entries, out, policy=policy, overwrite=True)
+    settings = data_settings(config, rctp)
+    report = build_rctp_dataset(settings, tokenizer, entries, out, policy=policy, overwrite=True)
     report_path.write_text(json.dumps(report, indent=1, default=str) + "\n")
     return report["dataset_dir"], report
 
@@ -97,29 +101,18 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     if stage not in ("sft", "rctp"):
         raise UserError(f"stages.sft runs stages sft/rctp, not {stage!r}")
     rctp = stage == "rctp"
-    workdir = Path(config.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    mesh = setup.mesh_from_config(config)
-    tokenizer = setup.tokenizer_from_config(config)
-    cfg, params = setup.model_from_config(config, mesh)
+    s = setup.start(config)
+    workdir = s.workdir
     policy = None
     if rctp and int(config.rctp.rollouts_per_entry) > 0:
-        policy = rollout_policy(config, (cfg, params), tokenizer, mesh)
-    dataset_dir, report = dataset(config, tokenizer, workdir, rctp, policy)
+        policy = rollout_policy(config, (s.cfg, s.params), s.tokenizer, s.mesh)
+    dataset_dir, report = dataset(config, s.tokenizer, workdir, rctp, policy)
     if rctp:
-        cfg, params, _ = setup.ensure_reward_tokens(cfg, params, tokenizer, mesh)
-    elif len(tokenizer) > cfg.vocab_size:
-        raise UserError(f"tokenizer has {len(tokenizer)} tokens > model vocab {cfg.vocab_size}")
+        s = setup.with_reward_tokens(s)
+    elif len(s.tokenizer) > s.cfg.vocab_size:
+        raise UserError(f"tokenizer has {len(s.tokenizer)} tokens > model vocab {s.cfg.vocab_size}")
 
     train = config.train
-    optim_cfg = OptimConfig.from_dict(train.optim, default_total_steps=int(train.steps))
-    optimizer = make_optimizer(optim_cfg)
-    psh = models.param_shardings(cfg, mesh)
-    shardings = state_shardings(optimizer, psh, mesh, params)
-    step_fn = make_train_step(
-        make_sft_loss(cfg), optimizer, mesh=mesh, shardings=shardings,
-        grad_accum=optim_cfg.grad_accum, schedule=make_schedule(optim_cfg),
-    )  # fmt: skip
     source = store.load_split(dataset_dir, "train")
     try:
         loader = train_loader(
@@ -130,35 +123,28 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     except ExampleTooLongError as e:
         raise UserError(too_long_message(config, e.length, workdir)) from None
     data_iter = iter(loader)
-    ckpt = Checkpointer(
-        workdir / "checkpoints",
-        save_every=int(train.checkpoint_every),
-        keep=int(train.keep_checkpoints),
-    )
-    target = abstract_train_state(optimizer, models.param_shapes(cfg), shardings)
-    state = restore_or_init(
-        ckpt, target,
-        lambda: init_train_state(params, optimizer, config.seed, mesh=mesh, param_shardings=psh),
-        data_iter,
+    t = setup.training(config, train, s, int(train.steps), data_iter)
+    cfg = t.cfg
+    step_fn = make_train_step(
+        make_sft_loss(cfg), t.optimizer, mesh=t.mesh, shardings=t.shardings,
+        grad_accum=t.optim.grad_accum, schedule=t.schedule,
     )  # fmt: skip
     with MetricsWriter(
         workdir,
         total_steps=int(train.steps),
-        initial_step=int(state.step),
+        initial_step=int(t.state.step),
         desc=stage,
         bar_keys=("loss", "grad_norm", "tokens_per_s"),
     ) as writer:
         state, history = train_loop(
-            step_fn, state, data_iter, int(train.steps), checkpointer=ckpt, writer=writer,
-            flops_per_token=flops_per_token(cfg, int(train.seq_len)),
+            step_fn, t.state, data_iter, int(train.steps), checkpointer=t.checkpointer,
+            writer=writer, flops_per_token=flops_per_token(cfg, int(train.seq_len)),
             peak_flops=float(train.peak_flops) or None,
         )  # fmt: skip
-    ckpt.close()
+    t.checkpointer.close()
 
-    export = workdir / "export"
-    models.save_hf(export, cfg, state.params, tokenizer=tokenizer)
     summary: dict[str, Any] = {
-        "stage": stage, "steps": int(train.steps), "export": str(export),
+        "stage": stage, "steps": int(train.steps), "export": str(t.export_dir),
         "init_from": str(config.model.hf_path),  # "" = the random init
         "data": report["splits"], "final_loss": history[-1]["loss"] if history else None,
         "skipped_updates": int(state.skipped),
@@ -169,7 +155,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         model = (cfg, state.params)
         tokens = {"high": HIGH, "low": LOW} if rctp else {"none": None}
         summary["heldout_success"] = {
-            name: success_rate(config, model, tokenizer, mesh, heldout, tok)
+            name: success_rate(config, model, t.tokenizer, t.mesh, heldout, tok)
             for name, tok in tokens.items()
         }
         rates = summary["heldout_success"]
@@ -177,5 +163,5 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             ", ".join(f"{k} {v:.1%}" for k, v in rates.items()) if rctp else f"{rates['none']:.1%}"
         )
         print(f"{stage}: held-out success {got} on {len(heldout)} entries", flush=True)
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    setup.finish(t, state.params, summary)
     return summary

@@ -23,15 +23,17 @@ def restore_or_init(
     target: TrainState,
     init_fn: Callable[[], TrainState],
     data_iter: Any | None = None,
-) -> TrainState:
-    """The newest restorable checkpoint (iterator position included), else `init_fn()`."""
+) -> tuple[TrainState, dict]:
+    """(state, data state) of the newest restorable checkpoint, else (`init_fn()`, {}). The
+    data state is what the checkpoint stored beside the state: a grain iterator's position,
+    also set on `data_iter` when given, or a loop's own counters."""
     restored = checkpointer.restore_latest(target) if checkpointer is not None else None
     if restored is None:
-        return init_fn()
+        return init_fn(), {}
     state, data_state, _ = restored
     if data_iter is not None and data_state:
         data_iter.set_state(data_state)
-    return state
+    return state, data_state
 
 
 def train_loop(
