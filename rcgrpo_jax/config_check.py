@@ -3,7 +3,8 @@
 Every key declared in `config.base_config()` has one rule in `RULES` (a test checks that none is
 missing), and `CROSS_CHECKS` hold what involves several keys. `validate` raises `UserError` with
 one line naming the key, its value and what is allowed, so a bad override costs seconds, not a
-stage of training. It imports neither JAX nor a model: it runs before the backend starts.
+stage of training. It runs before any backend starts: the tables it checks against (families,
+remat policies, objectives, ...) are imported from their modules, and nothing is compiled.
 """
 
 from __future__ import annotations

@@ -362,3 +362,12 @@ def test_tokenizer_is_cached_and_deterministic(tok, tasks, tmp_path):
     assert (tmp_path / tiny_tokenizer.SUBDIR / "tokenizer.json").read_bytes() == saved
     with pytest.raises(ValueError, match="vocab_size"):
         tiny_tokenizer.load_or_train(tmp_path, [], vocab_size=VOCAB * 2)
+
+
+def test_cached_tokenizer_of_another_environment_is_refused(tasks, tmp_path):
+    texts = lambda: tiny_tokenizer.corpus(tasks["train"])
+    first = tiny_tokenizer.load_or_train_texts(tmp_path, texts(), VOCAB, source="synthetic")
+    again = tiny_tokenizer.load_or_train_texts(tmp_path, iter(()), VOCAB, source="synthetic")
+    assert again.get_vocab() == first.get_vocab()
+    with pytest.raises(ValueError, match="trained for 'synthetic', not 'calculator'"):
+        tiny_tokenizer.load_or_train_texts(tmp_path, iter(()), VOCAB, source="calculator")

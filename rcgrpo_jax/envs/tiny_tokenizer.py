@@ -189,12 +189,14 @@ def load_or_train_texts(
     workdir: str | os.PathLike,
     texts: Iterable[str],
     vocab_size: int = DEFAULT_VOCAB_SIZE,
+    source: str = "",
 ) -> Any:
     """The run's tokenizer from `workdir/tokenizer`, trained on `texts` only if absent (they
     are not consumed otherwise: pass a generator to keep building them lazy).
 
     Written to a temporary folder and renamed, so an interrupted run leaves no half cache.
-    A cached tokenizer of another requested vocab size is an error, not silently reused.
+    A cached tokenizer of another requested vocab size, or trained for another `source` (the
+    environment whose corpus it was trained on), is an error, not silently reused.
     """
     directory = Path(workdir) / SUBDIR
     meta_path = directory / _META
@@ -205,6 +207,11 @@ def load_or_train_texts(
                 f"{directory} holds a tokenizer for vocab_size={meta['requested_vocab_size']}, "
                 f"not {vocab_size}; use another workdir or delete it"
             )
+        if source and meta.get("source", source) != source:
+            raise ValueError(
+                f"{directory} holds a tokenizer trained for {meta['source']!r}, not {source!r}; "
+                "use another workdir or delete it"
+            )
         return load(directory)
     proto = train_sentencepiece(texts, vocab_size)
     tokenizer = from_sentencepiece(proto)
@@ -214,6 +221,8 @@ def load_or_train_texts(
         tokenizer.save_pretrained(str(tmp))
         (tmp / _SP_MODEL).write_bytes(proto)
         meta = {"requested_vocab_size": vocab_size, "vocab_size": len(tokenizer)}
+        if source:
+            meta["source"] = source
         (tmp / _META).write_text(json.dumps(meta))
         tmp.rename(directory)
     except BaseException:

@@ -53,7 +53,9 @@ class Objective:
     kl_beta: float = 0.0  # weight of the k3 KL estimator to the reference policy
     aggregation: str = "token"  # grpo only: token | sequence (the others fix their own)
     adv_eps: float = 1e-6
-    norm_length: int = 0  # dr_grpo: the fixed tokens per sequence of its divisor; 0 = the step's T
+    # dr_grpo: the fixed tokens per sequence of its divisor (the stage passes rl.max_len); 0 = the
+    # step's T, which is bucketed to the batch's content and so not fixed across iterations
+    norm_length: int = 0
 
     def __post_init__(self) -> None:
         if self.name not in OBJECTIVES:

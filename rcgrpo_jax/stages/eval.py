@@ -136,26 +136,6 @@ def format_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def model_episodes(
-    config: ml_collections.ConfigDict,
-    entries: Sequence[Any],
-    model: tuple[Any, Any],
-    tokenizer: Any,
-    mesh: Any,
-) -> list[Episode | None]:
-    """Runs the model on `entries` with the RL rollout machinery (KV cache kept across turns),
-    `eval.batch_size` entries at a time, one trajectory each. Multi-process: each process runs
-    the environments of its share of every batch; the others' entries are None here."""
-    env = setup.environment(config)
-    return [
-        e
-        for ro in _model_rollouts(
-            config, env, entries, model, tokenizer, mesh, config.eval.reward_token
-        )
-        for e in ro.episodes
-    ]
-
-
 def _model_rollouts(
     config: ml_collections.ConfigDict,
     env: Any,

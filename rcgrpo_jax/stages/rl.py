@@ -49,6 +49,7 @@ from rcgrpo_jax import distributed
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.rl.advantages import (
     HIGH,
+    LOW,
     NONE,
     TokenDraw,
     degenerate_groups,
@@ -330,7 +331,7 @@ def _iteration_record(step_metrics: list[dict], ro, update_s: float) -> dict[str
         "skipped": means["skipped"],
         "reward_mean": float(rewards.mean()),
         "reward_high": with_token(HIGH),
-        "reward_low": with_token(0),
+        "reward_low": with_token(LOW),
         "degenerate_frac": float(np.asarray(degenerate_groups(rewards)).mean()),
         "abs_adv_mean": means["abs_adv_mean"],
         "logp_gap_mean": first["logp_gap_mean"],

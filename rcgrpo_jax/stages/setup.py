@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import os
 import sys
 import weakref
 from collections.abc import Sequence
@@ -16,12 +15,6 @@ from typing import Any
 import ml_collections
 
 from rcgrpo_jax.errors import UserError
-
-
-def workdir(config: ml_collections.ConfigDict, config_name: str = "run") -> Path:
-    path = Path(config.workdir or os.path.join("runs", config_name))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def mesh_from_config(config: ml_collections.ConfigDict):
@@ -87,7 +80,14 @@ def tokenizer_from_config(config: ml_collections.ConfigDict, model_path: str = "
         from rcgrpo_jax.envs import tiny_tokenizer
 
         vocab = int(config.model.arch.vocab_size)
-        train = lambda texts: tiny_tokenizer.load_or_train_texts(config.workdir, texts, vocab)
+        source = str(config.env.benchmark)
+
+        def train(texts):
+            try:
+                return tiny_tokenizer.load_or_train_texts(config.workdir, texts, vocab, source)
+            except ValueError as e:  # a cached tokenizer of another vocab size or environment
+                raise UserError(str(e)) from None
+
         # Multi-process: process 0 trains and writes it; the others then load that one (or, on a
         # workdir that is not shared, train the same deterministic tokenizer themselves).
         tokenizer = train(corpus) if distributed.is_main_process() else None
