@@ -65,6 +65,7 @@ ARMS = tuple(name for name, *_ in experiment.RL_ARMS)
 # the tokens each arm's rollouts carry (sorted, G = 2): none, both (stratified), or all high
 ARM_TOKENS = {
     "sft_grpo": [-1, -1], "sft_rcgrpo": [0, 1], "rctp_rcgrpo": [0, 1], "rctp_grpo": [1, 1],
+    "sft_grpo_dynamic": [-1, -1],
 }  # fmt: skip
 EOT = {"qwen": "<|im_end|>", "llama": "<|eot_id|>"}
 # Embedding rows of the released checkpoints: Qwen2.5-7B pads its 151,665 tokens to 152,064 (the
@@ -326,7 +327,8 @@ def test_reward_tokens_are_in_the_vocabulary(qwen_run):
 def test_rl_arms_log_their_rollouts(qwen_run):
     """One iteration per arm: G=2 rollouts of one training prompt, conditioned on both reward
     tokens for RC-GRPO, on none for GRPO from SFT and on the high one from RCTP, scored (no
-    environment failure), the metrics agreeing with the log."""
+    environment failure), the metrics agreeing with the log. The dynamic-sampling arm's budget
+    (2 trajectories) allows no second round; it updates only if its one group is informative."""
     from rcgrpo_jax.envs.split import split_ids
 
     train = set(split_ids("train", CATEGORY))
@@ -340,7 +342,12 @@ def test_rl_arms_log_their_rollouts(qwen_run):
         assert rewards.shape == (1, 2) and set(rewards.ravel()) <= {0.0, 1.0}
         assert row["env_errors"] == [[None, None]] and metrics["env_errors"] == 0
         assert metrics["reward_mean"] == pytest.approx(rewards.mean())
-        assert metrics["sampled_tokens"] > 0 and np.isfinite(metrics["loss"])
+        assert metrics["sampled_tokens"] > 0 and metrics["generated_rollouts"] == 2
+        if row["trained"] == [True]:
+            assert np.isfinite(metrics["loss"])
+        else:  # only the dynamic arm drops a group whose rewards are all equal: no update
+            assert arm == "sft_grpo_dynamic" and metrics["loss"] is None
+            assert rewards[0, 0] == rewards[0, 1]
 
 
 @pytest.mark.parametrize("which", ["qwen", "llama"])
