@@ -20,6 +20,17 @@ REPO = Path(__file__).resolve().parent.parent
 TINY_VOCAB = 128
 
 
+def tiny_model_config(**overrides):
+    """The 2-layer, 32-wide decoder the unit tests train and sample (fields overridable)."""
+    from rcgrpo_jax import models
+
+    shape = dict(
+        vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+        num_kv_heads=2, head_dim=8,
+    )  # fmt: skip
+    return models.ModelConfig(**{**shape, **overrides})
+
+
 def mask_runs(mask) -> list[tuple[int, int]]:
     """[start, end) of each run of ones in a 0/1 mask (assistant spans of a loss mask)."""
     out, start = [], None

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_model_config
 
 from rcgrpo_jax import models, rl
 from rcgrpo_jax.envs.reward import RewardResult
@@ -16,16 +17,7 @@ from rcgrpo_jax.train.optim import OptimConfig, make_optimizer
 from rcgrpo_jax.train.state import init_train_state, state_shardings
 
 P, G, T, PROMPT = 4, 4, 12, 5
-CFG = models.ModelConfig(
-    vocab_size=32,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    qkv_bias=True,
-)
+CFG = tiny_model_config(qkv_bias=True)
 
 
 def np_group_advantages(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:

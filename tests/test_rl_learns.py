@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from conftest import tiny_model_config
 
 from rcgrpo_jax import models, rl, sampling
 from rcgrpo_jax.envs.reward import RewardResult
@@ -22,15 +23,20 @@ from rcgrpo_jax.train.optim import OptimConfig, make_optimizer
 from rcgrpo_jax.train.state import init_train_state, state_shardings
 
 P, G, PROMPT, STEPS = 4, 8, 5, 8
-CFG = models.ModelConfig(
-    vocab_size=32,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-)
+CFG = tiny_model_config()
+
+
+def _rl_step(cfg, params, total_steps: int, grad_accum: int = 1):
+    """A fresh train state from `params` and the fused GRPO step (Adam, lr 1e-2, one device)."""
+    mesh = models.make_mesh((1, 1, 1))
+    optimizer = make_optimizer(OptimConfig(lr=1e-2, warmup_steps=0, total_steps=total_steps))
+    psh = models.param_shardings(cfg, mesh)
+    state = init_train_state(params, optimizer, 0, mesh=mesh, param_shardings=psh)
+    shardings = state_shardings(optimizer, psh, mesh, params)
+    step = make_rl_step(
+        cfg, rl.Objective(), optimizer, mesh=mesh, shardings=shardings, grad_accum=grad_accum
+    )
+    return state, step
 
 
 def _rewarded_mass(params, prompts: np.ndarray, rewarded: np.ndarray) -> float:
@@ -65,12 +71,7 @@ def test_grpo_moves_probability_toward_the_reward(flip):
     params = models.init_params(CFG, jax.random.key(0))
     prompts = np.random.default_rng(0).integers(0, CFG.vocab_size, (P, PROMPT)).astype(np.int32)
     rewarded = (np.arange(CFG.vocab_size) % 2 == int(flip)).astype(np.float32)
-    mesh = models.make_mesh((1, 1, 1))
-    optimizer = make_optimizer(OptimConfig(lr=1e-2, warmup_steps=0, total_steps=STEPS))
-    psh = models.param_shardings(CFG, mesh)
-    state = init_train_state(params, optimizer, 0, mesh=mesh, param_shardings=psh)
-    shardings = state_shardings(optimizer, psh, mesh, params)
-    step = make_rl_step(CFG, rl.Objective(), optimizer, mesh=mesh, shardings=shardings)
+    state, step = _rl_step(CFG, params, STEPS)
 
     before = _rewarded_mass(params, prompts, rewarded)
     for it in range(STEPS):
@@ -101,14 +102,7 @@ def session_batch(cfg, params, seed: int = 0) -> dict[str, np.ndarray]:
 
 def first_update_agreement(cfg, params, batch, grad_accum: int = 1) -> dict[str, float]:
     """The agreement metrics of one fused step on `batch` from `params` (those of the sampler)."""
-    mesh = models.make_mesh((1, 1, 1))
-    optimizer = make_optimizer(OptimConfig(lr=1e-2, warmup_steps=0, total_steps=1))
-    psh = models.param_shardings(cfg, mesh)
-    state = init_train_state(params, optimizer, 0, mesh=mesh, param_shardings=psh)
-    shardings = state_shardings(optimizer, psh, mesh, params)
-    step = make_rl_step(
-        cfg, rl.Objective(), optimizer, mesh=mesh, shardings=shardings, grad_accum=grad_accum
-    )
+    state, step = _rl_step(cfg, params, 1, grad_accum)
     m = rl.summarize(step(state, batch)[1])
     return {k: m[k] for k in ("logp_gap_mean", "logp_gap_max", "ratio_dev_max", "tokens")}
 

@@ -9,21 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_model_config
 
 from rcgrpo_jax import models
 from rcgrpo_jax.data import loader, packing
 from rcgrpo_jax.train import checkpoint, losses, optim
 from rcgrpo_jax.train import state as st
 
-CFG = models.ModelConfig(
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-)
+CFG = tiny_model_config(vocab_size=64)
 ROW = 16
 OCFG = optim.OptimConfig(lr=3e-3, warmup_steps=2, total_steps=20, weight_decay=0.1, clip_norm=1.0)
 

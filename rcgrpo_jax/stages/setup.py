@@ -271,10 +271,16 @@ def environment(config: ml_collections.ConfigDict, section: str = "env"):
     options = _plain(config.env.get(name, {}))
     if section != "env":
         options.update(_plain(config[section].get(name, {})))
-    try:
-        return factory(**options)
-    except (TypeError, ValueError) as e:
-        raise UserError(f"{section}.{name}: {e}") from None
+    key = (name, id(factory), json.dumps(options, sort_keys=True, default=repr))
+    if key not in _ENVIRONMENTS:  # one instance per set of options: stages ask for it often
+        try:
+            _ENVIRONMENTS[key] = factory(**options)
+        except (TypeError, ValueError) as e:
+            raise UserError(f"{section}.{name}: {e}") from None
+    return _ENVIRONMENTS[key]
+
+
+_ENVIRONMENTS: dict[tuple, Any] = {}
 
 
 def task_entries(config: ml_collections.ConfigDict, split: str) -> list:
