@@ -13,7 +13,7 @@ import pytest
 
 from rcgrpo_jax.config import base_config
 from rcgrpo_jax.rl import OBJECTIVES, Objective
-from rcgrpo_jax.rl.dynamic import fill_groups
+from rcgrpo_jax.rl.dynamic import fill_groups, padded_groups
 from rcgrpo_jax.rl.losses import objective_loss
 from rcgrpo_jax.stages.setup import objective_from_config
 
@@ -54,7 +54,8 @@ def np_advantages(rewards: np.ndarray, normalize: bool) -> np.ndarray:
 
 
 def np_reference(name: str, batch, logp, lo: float, hi: float, beta: float, length: int):
-    """(loss, d loss / d logp) written out for each objective, in float64."""
+    """(loss, d loss / d logp, clip fraction) written out for each objective, in float64; the
+    clip fraction: of the loss's tokens, those whose surrogate the clip cuts off (no gradient)."""
     logp = logp.astype(np.float64)
     m = batch["loss_mask"].astype(np.float64)
     m[..., 0] = 0.0
@@ -71,7 +72,7 @@ def np_reference(name: str, batch, logp, lo: float, hi: float, beta: float, leng
         loss = per_seq[has].mean()
         d_seq = -(active * adv * s)[..., None] * m / np.maximum(n_i, 1)[..., None]
         grad = (d_seq + beta * dkl * m / np.maximum(n_i, 1)[..., None]) * has[..., None]
-        return loss, grad / has.sum()
+        return loss, grad / has.sum(), ((~active)[..., None] * m).sum() / m.sum()
     adv = adv[..., None]
     ratio = np.exp(logp - batch["old_logprobs"])
     clipped = np.clip(ratio, 1 - lo, 1 + hi)
@@ -85,7 +86,7 @@ def np_reference(name: str, batch, logp, lo: float, hi: float, beta: float, leng
     else:  # grpo with aggregation=sequence
         has = n_i > 0
         w = m / np.maximum(n_i, 1)[..., None] * has[..., None] / has.sum()
-    return (per_tok * w).sum(), d_tok * w
+    return (per_tok * w).sum(), d_tok * w, ((~active) * m).sum() / m.sum()
 
 
 def jax_loss_and_grad(objective: Objective, batch, logp):
@@ -111,10 +112,11 @@ CASES = [  # (objective, numpy name, clip low/high)
 def test_loss_and_gradient_match_numpy(objective, ref_name, lo, hi):
     batch, logp = make_batch()
     loss, grad, aux = jax_loss_and_grad(objective, batch, logp)
-    want, want_grad = np_reference(ref_name, batch, logp, lo, hi, 0.05, 20)
+    want, want_grad, want_clip = np_reference(ref_name, batch, logp, lo, hi, 0.05, 20)
     assert loss == pytest.approx(want, rel=1e-5, abs=1e-7)
     np.testing.assert_allclose(grad, want_grad, rtol=2e-4, atol=1e-7)
-    assert 0 < float(aux["clip_frac"]) < 1  # the clipped branch is exercised
+    assert 0 < want_clip < 1  # the clipped branch is exercised
+    assert float(aux["clip_frac"]) == pytest.approx(want_clip, rel=1e-6)
     assert float(aux["degenerate_sum"]) == 1.0
     no_token = batch["loss_mask"] == 0
     assert (grad[no_token] == 0).all() and np.abs(grad[~no_token]).max() > 0
@@ -210,6 +212,28 @@ def test_objective_from_config():
     assert objective_from_config(rl).clip_high == rl.clip_high
     with pytest.raises(ValueError, match="expected one of grpo, dr_grpo, dapo, gspo"):
         Objective("ppo")
+    with pytest.raises(ValueError, match="'dapo' aggregates by token; aggregation='sequence'"):
+        Objective("dapo", aggregation="sequence")
+
+
+@pytest.mark.parametrize("objective", [c[0] for c in CASES], ids=[c[1] for c in CASES])
+def test_masked_padding_groups_change_nothing(objective):
+    """The batch with extra groups marked `group_mask` 0 (copies of real ones, rewards changed
+    so that they would count if they were seen) gives the real batch's loss, gradient and
+    group statistics: what dynamic sampling's padding to P groups relies on."""
+    batch, logp = make_batch(7)
+    pad = np.array([2, 1])  # two padding groups, copies of groups 2 and 1
+    padded = {k: np.concatenate([v, v[pad]]) for k, v in batch.items()}
+    padded["rewards"][P:] = np.arange(2 * G, dtype=np.float32).reshape(2, G)
+    padded["group_mask"] = np.array([1.0] * P + [0.0, 0.0], np.float32)
+    plogp = np.concatenate([logp, logp[pad]])
+    loss, grad, aux = jax_loss_and_grad(objective, batch, logp)
+    ploss, pgrad, paux = jax_loss_and_grad(objective, padded, plogp)
+    assert ploss == pytest.approx(loss, rel=1e-6, abs=1e-9)
+    np.testing.assert_allclose(pgrad[:P], grad, rtol=1e-5, atol=1e-9)
+    assert (pgrad[P:] == 0).all()
+    for key in aux:
+        assert float(paux[key]) == pytest.approx(float(aux[key]), rel=1e-6, abs=1e-9), key
 
 
 # ----------------------------------------------------------------------------- dynamic sampling
@@ -265,3 +289,22 @@ def test_fill_groups_cap_budget_minibatches_and_plain_grpo():
     draw, calls = fake_draws([[True, False, False, True]])
     plain = fill_groups(draw, 4, 3, budget=10**6, dynamic=False)
     assert calls == [(0, 4)] and plain.num_trained == 4 and plain.generated == 12
+
+
+def test_padded_groups_lay_out_every_minibatch_and_microbatch_alike():
+    """k = 4 trained groups of 9 drawn, P = 8, 2 minibatches: each minibatch starts with 2
+    trained groups and is filled with copies of its own, masked; with 2 microbatches (rows a,
+    a + 2, ...) each microbatch holds exactly one trained group."""
+    trained = np.zeros(9, bool)
+    trained[[0, 3, 4, 8]] = True
+    index, valid = padded_groups(trained, 8, 2)
+    assert index.shape == valid.shape == (8,)
+    assert trained[index].all()  # only trained groups' content, padding included
+    assert index[valid].tolist() == [0, 3, 4, 8]  # each trained group once, in order
+    assert valid.tolist() == [True, True, False, False] * 2
+    for part in np.split(valid, 2):
+        assert [part[a::2].sum() for a in range(2)] == [1, 1]
+    all_in, valid = padded_groups(np.ones(8, bool), 8, 2)
+    assert all_in.tolist() == list(range(8)) and valid.all()  # nothing dropped: the batch as drawn
+    with pytest.raises(ValueError, match="3 trained groups do not fill 2 parts of 8 groups"):
+        padded_groups(np.array([True] * 3 + [False] * 5), 8, 2)

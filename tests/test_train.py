@@ -155,6 +155,19 @@ def test_nonfinite_update_is_skipped(setup_124, host_params):
     assert not _bitwise_equal(jax.device_get(state.params), after.params)
 
 
+def test_a_batch_without_loss_tokens_is_a_zero_update_with_or_without_accumulation(
+    setup_124, setup_811_accum2, host_params
+):
+    """No loss token at all: one microbatch gives loss 0 and zero gradients; accumulated
+    microbatches must give the same (not 0 / 0 = NaN, which would count as a skipped update)."""
+    batch = _weighted(next(iter(_loader())))
+    batch["loss_mask"] = np.zeros_like(batch["loss_mask"])
+    for s in (setup_124, setup_811_accum2):
+        _, m = s.step(s.fresh(host_params), batch)
+        assert int(m["update_skipped"]) == 0
+        assert float(m["loss"]) == 0.0 and float(m["grad_norm"]) == 0.0
+
+
 def test_mesh_shapes_and_grad_accum_agree(setup_124, setup_811_accum2, host_params):
     """A 1x2x4 (fsdp x tensor) mesh with one microbatch and an 8x1x1 (data) mesh with 2
     accumulated microbatches give the same losses and params (~1e-5): both the partitioning and

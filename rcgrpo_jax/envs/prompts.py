@@ -21,8 +21,10 @@ from bfcl_eval.constants.default_prompts import (
     PROMPT_STYLE_TEMPLATES,
 )
 
-# The one place the reward-token strings live. Reward r in {0, 1} -> token.
-REWARD_TOKENS = {1: "<|high_reward|>", 0: "<|low_reward|>"}
+# The one place the reward-token codes and strings live: a rollout is conditioned on HIGH (the
+# trajectory scored 1) or LOW (0); NONE = no token (plain GRPO). Both stages read them here.
+HIGH, LOW, NONE = 1, 0, -1
+REWARD_TOKENS = {HIGH: "<|high_reward|>", LOW: "<|low_reward|>"}
 
 Message = dict[str, Any]
 
@@ -198,6 +200,14 @@ def add_reward_tokens(tokenizer: Any) -> dict[int, int]:
     """
     tokenizer.add_tokens(list(REWARD_TOKENS.values()), special_tokens=True)
     return {r: tokenizer.convert_tokens_to_ids(t) for r, t in REWARD_TOKENS.items()}
+
+
+def stop_ids(tokenizer: Any) -> list[int]:
+    """The ids that end an assistant step: the chat format's end-of-turn token and EOS."""
+    ids = {tokenizer.convert_tokens_to_ids(end_of_turn_token(tokenizer))}
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
 
 
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")

@@ -1,9 +1,7 @@
 """RL building blocks: group advantages, reward-token draws, the objectives, the fused step."""
 
+from rcgrpo_jax.envs.prompts import HIGH, LOW, NONE
 from rcgrpo_jax.rl.advantages import (
-    HIGH,
-    LOW,
-    NONE,
     TokenDraw,
     degenerate_groups,
     draw_reward_tokens,

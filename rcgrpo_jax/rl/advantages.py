@@ -13,7 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-HIGH, LOW, NONE = 1, 0, -1  # reward-token codes; NONE = unconditioned rollout (plain GRPO)
+from rcgrpo_jax.envs.prompts import HIGH, LOW  # the codes, defined with their token strings
 
 
 def _group_advantage(rewards: jax.Array, eps: float, normalize_std: bool) -> jax.Array:
@@ -47,10 +47,10 @@ def degenerate_groups(rewards: jax.Array) -> jax.Array:
 
 def _group_tokens(key: jax.Array, group_size: int, p_high: float, stratified: bool) -> jax.Array:
     if not stratified:
-        return jax.random.bernoulli(key, p_high, (group_size,)).astype(jnp.int32)
+        return jnp.where(jax.random.bernoulli(key, p_high, (group_size,)), HIGH, LOW)
     # Stratified: round(p_high * G) high tokens, clamped so that both tokens appear, then shuffled.
     n_high = jnp.clip(jnp.round(p_high * group_size), 1, group_size - 1).astype(jnp.int32)
-    tokens = (jnp.arange(group_size) < n_high).astype(jnp.int32)
+    tokens = jnp.where(jnp.arange(group_size) < n_high, HIGH, LOW)
     return jax.random.permutation(key, tokens)
 
 

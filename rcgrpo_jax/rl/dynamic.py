@@ -4,6 +4,8 @@ A group whose rewards are all equal has zero advantage, so it adds no gradient, 
 the batch. `fill_groups` rolls out rounds of prompts until enough informative groups are in
 hand, within a cap on rounds and a budget of generated trajectories. It knows nothing of models:
 `draw(round, n)` is whatever produces n groups (the RL stage: a rollout; tests: fake rewards).
+`padded_groups` then lays the k kept groups out as a batch of the usual P groups (the rest
+masked), so the fused step keeps one shape and its data-parallel layout whatever k is.
 """
 
 from __future__ import annotations
@@ -74,3 +76,25 @@ def fill_groups(
             mask[np.flatnonzero(mask)[-1]] = False
             excess -= 1
     return Filled(rounds, keep, generated)
+
+
+def padded_groups(
+    trained: np.ndarray, num_groups: int, chunks: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(index [num_groups] into the drawn groups, valid [num_groups] bool): the groups set in
+    `trained` (k of them, a multiple of `chunks`) as a batch of `num_groups`, in `chunks` equal
+    contiguous parts (the step's minibatches) that each start with k / chunks trained groups;
+    the rest of each part repeats trained groups, marked not valid (the loss masks them out:
+    `group_mask`). A microbatch takes rows a, a + n, ... of a part, so with k / chunks a multiple
+    of its count every microbatch gets the same number of trained groups."""
+    kept = np.flatnonzero(trained)
+    k = len(kept)
+    if not 0 < k <= num_groups or k % chunks or num_groups % chunks:
+        raise ValueError(f"{k} trained groups do not fill {chunks} parts of {num_groups} groups")
+    per, size = k // chunks, num_groups // chunks
+    index, valid = [], []
+    for c in range(chunks):
+        own = kept[c * per : (c + 1) * per]
+        index += [*own, *np.resize(own, size - per)]
+        valid += [True] * per + [False] * (size - per)
+    return np.asarray(index), np.asarray(valid)

@@ -7,6 +7,8 @@ Batch (all leading dims [P, G]; P prompts × G rollouts):
 - ref_logprobs [P, G, T]: same under the frozen reference policy (only read when kl_beta > 0).
 - rewards [P, G]: the trajectory rewards R(τ); advantages are computed from them in the step.
 - reward_token [P, G]: HIGH / LOW / NONE — only for metrics.
+- group_mask [P] (optional, default all 1): 0 on a padding group, which then counts nowhere (no
+  token, no group statistic): dynamic sampling keeps the step's shape at P groups with it.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import jax
 import jax.numpy as jnp
 
 from rcgrpo_jax import models
+from rcgrpo_jax.envs.prompts import HIGH, LOW
 from rcgrpo_jax.models import ModelConfig
-from rcgrpo_jax.rl.advantages import HIGH, LOW, degenerate_groups, group_advantages
+from rcgrpo_jax.rl.advantages import degenerate_groups, group_advantages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +65,12 @@ class Objective:
             raise ValueError(f"objective {self.name!r}; expected one of {', '.join(OBJECTIVES)}")
         if self.aggregation not in ("token", "sequence"):
             raise ValueError(f"aggregation={self.aggregation!r}; expected 'token' or 'sequence'")
+        own = OBJECTIVES[self.name].aggregation
+        if own is not None and self.aggregation != "token":
+            raise ValueError(
+                f"objective {self.name!r} aggregates by {own}; aggregation="
+                f"{self.aggregation!r} applies to grpo only"
+            )
 
     @property
     def pieces(self) -> Pieces:
@@ -97,7 +106,8 @@ def objective_loss(
     computed here from the rewards; the objective picks the advantage's scale, the ratio (per
     token or per sequence) and how the per-token terms are aggregated."""
     p, g, t = logp.shape
-    mask = batch["loss_mask"].astype(jnp.float32)
+    groups = batch.get("group_mask", jnp.ones((p,), jnp.float32)).astype(jnp.float32)
+    mask = batch["loss_mask"].astype(jnp.float32) * groups[:, None, None]
     mask = mask.at[..., 0].set(0.0)  # nothing predicts the first token
     pieces = objective.pieces
     n_tok = jnp.sum(mask)
@@ -127,13 +137,15 @@ def objective_loss(
         seq_loss = jnp.sum(per_token * mask, -1) / jnp.maximum(seq_tok, 1.0)
         loss = jnp.sum(seq_loss * has_tok) / jnp.maximum(weight, 1.0)
     else:  # constant: every sequence counts the same fixed length, however long it is
-        weight = jnp.asarray(p * g * (objective.norm_length or t), jnp.float32)
+        weight = jnp.sum(groups) * (g * (objective.norm_length or t))
         loss = jnp.sum(per_token * mask) / weight
 
     tok_mean = lambda x: jnp.sum(x * mask) / jnp.maximum(n_tok, 1.0)
     rewards = batch["rewards"].astype(jnp.float32)
     rt = batch.get("reward_token", jnp.full((p, g), -1, jnp.int32))
-    is_clipped = (ratio != clipped) & (ratio * adv != clipped * adv)
+    rows = jnp.broadcast_to(groups[:, None], (p, g))  # 1 on every rollout of a counted group
+    # clipped: the min takes the clipped term strictly, so the token's surrogate has no gradient
+    is_clipped = clipped * adv < ratio * adv
     # rollout-trainer agreement, over generated tokens: in an iteration's first update the params
     # are the sampler's, so |logp - old| is their numerical disagreement alone
     gap = jnp.abs(logp - batch["old_logprobs"])
@@ -149,15 +161,15 @@ def objective_loss(
         "logp_gap_max": jnp.max(on_mask(gap)),  # `_max`: the maximum over microbatches
         "ratio_dev_max": jnp.max(on_mask(jnp.abs(ratio - 1.0))),
         # group-level sums: exact over microbatches; the loop divides by groups_sum/rollouts_sum
-        "groups_sum": jnp.asarray(p, jnp.float32),
-        "rollouts_sum": jnp.asarray(p * g, jnp.float32),
-        "degenerate_sum": jnp.sum(degenerate_groups(rewards).astype(jnp.float32)),
-        "reward_sum": jnp.sum(rewards),
-        "abs_adv_sum": jnp.sum(jnp.abs(adv)),
-        "high_sum": jnp.sum((rt == HIGH).astype(jnp.float32)),
-        "reward_high_sum": jnp.sum(rewards * (rt == HIGH)),
-        "low_sum": jnp.sum((rt == LOW).astype(jnp.float32)),
-        "reward_low_sum": jnp.sum(rewards * (rt == LOW)),
+        "groups_sum": jnp.sum(groups),
+        "rollouts_sum": jnp.sum(rows),
+        "degenerate_sum": jnp.sum(degenerate_groups(rewards) * groups),
+        "reward_sum": jnp.sum(rewards * rows),
+        "abs_adv_sum": jnp.sum(jnp.abs(adv[..., 0]) * rows),
+        "high_sum": jnp.sum((rt == HIGH) * rows),
+        "reward_high_sum": jnp.sum(rewards * (rt == HIGH) * rows),
+        "low_sum": jnp.sum((rt == LOW) * rows),
+        "reward_low_sum": jnp.sum(rewards * (rt == LOW) * rows),
     }
     return loss, aux
 

@@ -34,7 +34,6 @@ from rcgrpo_jax.envs import Environment, Episode, EpisodeSettings, prompts
 from rcgrpo_jax.envs.executor import CALL_TIMEOUT_S
 from rcgrpo_jax.envs.reward import ENV_ERROR, RewardResult
 from rcgrpo_jax.models import ModelConfig, Params
-from rcgrpo_jax.rl.advantages import NONE
 from rcgrpo_jax.sampling import Session, cache_capacity, length_bucket
 
 log = logging.getLogger(__name__)
@@ -76,19 +75,6 @@ class Rollouts:
     def positions(self) -> np.ndarray:
         return np.broadcast_to(np.arange(self.tokens.shape[-1], dtype=np.int32), self.tokens.shape)
 
-    def take(self, groups: np.ndarray) -> Rollouts:
-        """The groups where `groups` [P] (bool) is set, as a batch of their own."""
-        g = self.rewards.shape[1]
-        rows = [i * g + j for i in np.flatnonzero(groups) for j in range(g)]
-        return dataclasses.replace(
-            self, tokens=self.tokens[groups], segments=self.segments[groups],
-            loss_mask=self.loss_mask[groups], old_logprobs=self.old_logprobs[groups],
-            rewards=self.rewards[groups], reward_token=self.reward_token[groups],
-            results=[r for r, k in zip(self.results, groups, strict=True) if k],
-            episodes=[self.episodes[r] for r in rows], errors=[self.errors[r] for r in rows],
-            env_process=None if self.env_process is None else self.env_process[groups],
-        )  # fmt: skip
-
     def batch(self) -> dict[str, np.ndarray]:
         """The fused train step's inputs."""
         return {
@@ -100,14 +86,6 @@ class Rollouts:
             "rewards": self.rewards,
             "reward_token": self.reward_token,
         }
-
-
-def stop_ids(tokenizer: Any) -> list[int]:
-    eot = tokenizer.convert_tokens_to_ids(prompts.end_of_turn_token(tokenizer))
-    ids = {eot}
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return sorted(ids)
 
 
 def collect(
@@ -135,13 +113,13 @@ def collect(
     n = p * g
     owner = distributed.row_owner(n)
     mine = distributed.process_rows(n)
-    stops = stop_ids(tokenizer)
+    stops = prompts.stop_ids(tokenizer)
     episodes: list[Episode | None] = [None] * n
     errors: list[str | None] = [None] * n
     local = []
     for r in mine:  # only this process's environments exist here
         i, j = divmod(r, g)
-        token = None if int(reward_tokens[i, j]) == NONE else int(reward_tokens[i, j])
+        token = None if int(reward_tokens[i, j]) == prompts.NONE else int(reward_tokens[i, j])
         opener = functools.partial(_open, env, entries[i], token, settings, tokenizer)
         opened = _guarded(errors, r, entries[i], opener)
         # [ok, *prompt]: a row whose environment could not be built starts (and at once ends)

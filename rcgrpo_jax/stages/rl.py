@@ -8,7 +8,8 @@ One RL iteration, read top to bottom:
 3. run the P × G multi-turn rollouts (KV cache kept across turns), rewards from the environment;
    with `rl.dynamic_sampling`, drop the groups whose rewards are all equal and repeat 1-3 for
    the missing groups (seeded by iteration and round; their tokens drawn on the host), at most
-   `rl.dynamic_max_rounds` rounds;
+   `rl.dynamic_max_rounds` rounds; the kept groups go into a batch of P groups, any short of P
+   masked out (`group_mask`), so the step never recompiles for their number;
 4. `rl.epochs` × `rl.minibatches` fused train steps over whole groups (advantages in the step),
    with the loss `rl.objective` names; each step also draws the next iteration's reward tokens;
 5. log (with the first update's rollout-trainer agreement: |log p_train - log p_sampler| over
@@ -46,16 +47,10 @@ import ml_collections
 import numpy as np
 
 from rcgrpo_jax import distributed
+from rcgrpo_jax.envs.prompts import HIGH, LOW, NONE
 from rcgrpo_jax.errors import UserError
-from rcgrpo_jax.rl.advantages import (
-    HIGH,
-    LOW,
-    NONE,
-    TokenDraw,
-    degenerate_groups,
-    draw_reward_tokens_jit,
-)
-from rcgrpo_jax.rl.dynamic import fill_groups
+from rcgrpo_jax.rl.advantages import TokenDraw, degenerate_groups, draw_reward_tokens_jit
+from rcgrpo_jax.rl.dynamic import fill_groups, padded_groups
 from rcgrpo_jax.rl.losses import summarize
 from rcgrpo_jax.rl.rollout import Rollouts, RolloutSettings, collect, concat_groups
 from rcgrpo_jax.rl.train_step import NEXT_TOKENS, make_rl_step, sequence_logprobs
@@ -226,8 +221,9 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
                 return _Drawn(entries, ro)
 
             # Cap hit with fewer than P informative groups: the update takes the k it has (cut
-            # to whole minibatches): they were paid for from the budget, and skipping would
-            # starve exactly the runs that need the signal most. No informative group: no update.
+            # to whole minibatches, laid out as P groups with the rest masked: one step shape):
+            # they were paid for from the budget, and skipping would starve exactly the runs
+            # that need the signal most. No informative group: no update.
             filled = fill_groups(
                 draw, p_, g_, budget=budget - generated, dynamic=bool(rl.dynamic_sampling),
                 max_rounds=int(rl.dynamic_max_rounds),
@@ -241,7 +237,9 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             step_metrics = []
             tokens = None
             if trained.any():
-                batch = (ro if trained.all() else ro.take(trained)).batch()
+                index, valid = padded_groups(trained, p_, int(rl.minibatches))
+                batch = {k: v[index] for k, v in ro.batch().items()}
+                batch["group_mask"] = valid.astype(np.float32)
                 if ref_params is not None:
                     batch["ref_logprobs"] = _ref_logprobs(cfg, ref_params, batch, mesh)
                 for _ in range(int(rl.epochs)):

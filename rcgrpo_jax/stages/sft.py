@@ -20,8 +20,8 @@ from rcgrpo_jax.data import store
 from rcgrpo_jax.data.loader import train_loader
 from rcgrpo_jax.data.packing import ExampleTooLongError
 from rcgrpo_jax.data.trajectories import DataSettings, build_rctp_dataset
+from rcgrpo_jax.envs.prompts import HIGH, LOW, stop_ids
 from rcgrpo_jax.errors import UserError
-from rcgrpo_jax.rl.advantages import HIGH, LOW
 from rcgrpo_jax.stages import setup
 from rcgrpo_jax.stages.eval import success_rate
 from rcgrpo_jax.train.loop import train_loop
@@ -37,7 +37,6 @@ def rollout_policy(config, model, tokenizer, mesh):
 
     from rcgrpo_jax import sampling
     from rcgrpo_jax.envs import bfcl
-    from rcgrpo_jax.rl.rollout import stop_ids
 
     cfg, params = model
     stops, calls = stop_ids(tokenizer), itertools.count()

@@ -215,7 +215,8 @@ def _loss_and_grads(loss_fn: LossFn, params, batch, rng, grad_accum: int):
     (g_sum, l_sum, aux_sum), _ = jax.lax.scan(
         body, (g0, jnp.zeros((), jnp.float32), aux0), (mbs, jnp.arange(grad_accum))
     )
-    w = aux_sum["weight"]
+    # no weight in any microbatch (no loss token at all): zero loss and grads, as in one batch
+    w = jnp.where(aux_sum["weight"] > 0, aux_sum["weight"], 1.0)
     grads = jax.tree.map(lambda g, p: (g / w).astype(p.dtype), g_sum, params)
     aux = {k: (v if _summed(k) or _maxed(k) else v / w) for k, v in aux_sum.items()}
     return l_sum / w, grads, aux
