@@ -56,6 +56,7 @@ class Episode:
 
 class Calculator:
     categories = ("calculator",)
+    error_types = ("calculator:no_call", "calculator:call_error", "calculator:wrong_result")
 
     def __init__(self, num_train: int = 64, num_test: int = 16, seed: int = 0) -> None:
         self._tasks = {"train": [], "test": []}

@@ -301,6 +301,8 @@ def _environment_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
 
 def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
     """What involves several keys; yields the problems in the order a user would fix them."""
+    from rcgrpo_jax.models.families import qkv_bias_mismatch
+
     yield from _environment_checks(c)
     a = c.model.arch
     if not c.model.hf_path and a.num_heads % a.num_kv_heads:
@@ -308,6 +310,9 @@ def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
             "model.arch.num_kv_heads", a.num_kv_heads,
             f"a divisor of model.arch.num_heads={a.num_heads}",
         )  # fmt: skip
+    need = None if c.model.hf_path else qkv_bias_mismatch(a.family, a.qkv_bias)
+    if need:  # HF export would refuse it, after training
+        yield _fail("model.arch.qkv_bias", a.qkv_bias, f"{need}, as HF export requires")
     if c.stage in RL_STAGES:
         if c.rl.group_size < 2:
             yield _fail("rl.group_size", c.rl.group_size, f"an integer >= 2 for stage {c.stage}")

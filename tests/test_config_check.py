@@ -30,7 +30,7 @@ def test_every_declared_key_has_a_rule_and_every_rule_a_key():
     assert set(config_check.RULES) - keys == set()
 
 
-@pytest.mark.parametrize("name", ["tiny", "qwen7b", "llama8b"])
+@pytest.mark.parametrize("name", ["tiny", "tiny_pretrain", "qwen7b", "llama8b"])
 def test_shipped_configs_validate(name, tmp_path):
     c = _load(name)
     if c.model.hf_path:  # the 7B/8B configs point at a checkpoint on the TPU VM
@@ -54,6 +54,31 @@ def test_cross_key_rules():
     c.rl.objective, c.rl.aggregation = "dapo", "sequence"
     with pytest.raises(UserError, match="rl.aggregation='sequence': expected 'token' with rl.obj"):
         config_check.validate(c)
+
+
+@pytest.mark.parametrize("family,bias", [("llama", True), ("qwen2", False)])
+def test_family_qkv_bias_mismatch_is_caught_before_training(family, bias, tmp_path):
+    """What HF export refuses (`families.qkv_bias_mismatch`), said at config check instead."""
+    from rcgrpo_jax import models
+    from rcgrpo_jax.models.hf_io import config_to_hf
+
+    c = _load("tiny")
+    c.model.arch.family, c.model.arch.qkv_bias = family, bias
+    with pytest.raises(UserError) as e:
+        config_check.validate(c)
+    need = f"expected {not bias} for a {family} model"
+    assert str(e.value).startswith(f"config.model.arch.qkv_bias={bias}: {need}")
+    cfg = models.ModelConfig(
+        vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1,
+        num_kv_heads=1, head_dim=8, qkv_bias=bias, family=family,
+    )  # fmt: skip
+    with pytest.raises(models.CheckpointError, match=need):
+        config_to_hf(cfg, "float32")
+    c.model.arch.qkv_bias = not bias
+    config_check.validate(c)
+    c.model.arch.qkv_bias = bias
+    c.model.hf_path = str(tmp_path)  # the checkpoint's config.json decides: arch is unused
+    config_check.validate(c)
 
 
 def test_objective_names_the_valid_ones():
@@ -84,6 +109,7 @@ BAD = [
     ("eval.reward_token=2", "eval.reward_token"),
     ("rctp.max_tokens=4096", "rctp.max_tokens"),
     ("model.arch.num_kv_heads=3", "model.arch.num_kv_heads"),
+    ("model.arch.qkv_bias=False", "model.arch.qkv_bias"),
     ("env.call_timeout_s=-1.0", "env.call_timeout_s"),
     ("rl.optim.grad_accum=3", "rl.optim.grad_accum"),
     ("train.optim.grad_accum=3", "train.optim.grad_accum"),

@@ -1,6 +1,6 @@
 """A user's own environment, registered from its own file (examples/calculator_env.py, the
-walkthrough of docs/custom_env.md): its verdicts, and one `grpo` iteration on it through the
-command line with nothing changed outside that file."""
+walkthrough of docs/custom_env.md): its verdicts, its eval summary, stage 1's refusal, and one
+`grpo` iteration on it through the command line with nothing changed outside that file."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import pytest
 from conftest import REPO
 from test_stages import OVERRIDES, main
 
+from rcgrpo_jax import config as config_lib
 from rcgrpo_jax import envs
 from rcgrpo_jax.envs.calls import format_call, parse_call
+from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.train.metrics import read_jsonl
 
 FILE = REPO / "examples" / "calculator_env.py"
@@ -61,6 +63,51 @@ def test_the_calculator_scores_what_the_tool_returned(calculator):
     ]:
         result = play(env, task, text, "done").result()
         assert (result.reward, result.error_type) == (0.0, error), text
+
+
+def calculator_config(workdir, stage: str):
+    c = config_lib.base_config()
+    c.workdir, c.stage, c.env.benchmark = str(workdir), stage, "calculator"
+    c.model.chat_format = "python"
+    return c
+
+
+def test_eval_counts_the_calculators_own_error_types(calculator, tmp_path):
+    from rcgrpo_jax.stages import eval as eval_stage
+
+    config = calculator_config(tmp_path, "eval")
+    config.eval.policy, config.eval.max_entries = "empty", 3
+    summary = eval_stage.run(config)
+    errors = summary["categories"]["calculator"]["errors"]
+    assert list(errors.items()) == [
+        ("calculator:no_call", 3), ("calculator:call_error", 0), ("calculator:wrong_result", 0),
+    ]  # fmt: skip
+    table = (tmp_path / "eval" / "test-empty" / "table.txt").read_text().splitlines()
+    assert table[0].startswith("calculator | split=test policy=empty") and "BFCL" not in table[0]
+    assert table[1].split()[-3:] == ["no_call", "call_error", "wrong_result"]
+
+
+@pytest.mark.parametrize("stage", ["sft", "rctp", "all"])
+def test_stage_1_refuses_an_environment_without_golden_trajectories(
+    calculator, tmp_path, monkeypatch, stage
+):
+    """One line before any work: no workdir, no mesh, no model."""
+    from rcgrpo_jax.stages import all as experiment
+    from rcgrpo_jax.stages import setup, sft
+
+    def built(*args, **kwargs):
+        raise AssertionError("the stage built something before refusing")
+
+    monkeypatch.setattr(setup, "mesh_from_config", built)
+    monkeypatch.setattr(setup, "tokenizer_from_config", built)
+    workdir = tmp_path / "run"
+    run = experiment.run if stage == "all" else sft.run
+    with pytest.raises(UserError) as e:
+        run(calculator_config(workdir, stage))
+    message, start = str(e.value), "env.benchmark='calculator' has no golden trajectories: stage"
+    assert message.startswith(f"{start} {stage} needs them")
+    assert "bfcl and synthetic" in message and "rl.init_from" in message and "\n" not in message
+    assert not workdir.exists()
 
 
 def test_grpo_trains_the_calculator_for_one_iteration(calculator, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from rcgrpo_jax import config as config_lib
 from rcgrpo_jax import envs
 from rcgrpo_jax.envs import bfcl, prompts
-from rcgrpo_jax.envs.reward import EMPTY_TURN
+from rcgrpo_jax.envs.reward import EMPTY_TURN, ENV_ERROR, ERROR_TYPES
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.stages import eval as eval_stage
 
@@ -68,6 +68,35 @@ def test_empty_policy_scores_zero_with_empty_turn_errors(tmp_path):
     rows = read_jsonl(tmp_path / "eval" / "test-empty" / "entries.jsonl")
     assert [r["error_type"] for r in rows] == [EMPTY_TURN] * 6
     assert all(r["steps"] == 0 and not r["action_ok"] for r in rows)
+    for c in summary["categories"].values():  # BFCL's four, in its order, zeros included
+        assert c["errors"] == dict.fromkeys(ERROR_TYPES, 0) | {EMPTY_TURN: 3}
+    head, columns = (tmp_path / "eval" / "test-empty" / "table.txt").read_text().splitlines()[:2]
+    assert head.startswith("BFCL v4 multi-turn | split=test policy=empty format=qwen | 6 entries")
+    assert columns.split()[-4:] == ["err:empty", "err:state", "err:resp", "err:force"]
+
+
+def test_error_types_not_declared_are_counted_after_the_declared_ones():
+    def record(category: str, error_type: str | None) -> dict:
+        reward = 0.0 if error_type else 1.0
+        return {"category": category, "reward": reward, "state_ok": False, "action_ok": False,
+                "error_type": error_type}  # fmt: skip
+
+    records = [record("a", "tool:timeout"), record("b", ENV_ERROR), record("a", None),
+               record("b", "tool:timeout"), record("a", EMPTY_TURN)]  # fmt: skip
+    summary = eval_stage.summarize(records, ["a", "b"], ERROR_TYPES)
+    assert list(summary["categories"]["a"]["errors"]) == [*ERROR_TYPES, "tool:timeout", ENV_ERROR]
+    assert summary["categories"]["a"]["errors"]["tool:timeout"] == 1
+    assert summary["categories"]["b"]["errors"] == dict.fromkeys(ERROR_TYPES, 0) | {
+        "tool:timeout": 1, ENV_ERROR: 1,
+    }  # fmt: skip
+    undeclared = eval_stage.summarize(records, ["a", "b"])["categories"]["a"]["errors"]
+    assert list(undeclared.items()) == [("tool:timeout", 1), (ENV_ERROR, 0), (EMPTY_TURN, 1)]
+    summary.update(split="test", policy="empty", chat_format="python", wall_time_s=1.0)
+    head, columns, *_ = eval_stage.format_table(summary, "my tools").splitlines()
+    assert head.startswith("my tools | split=test policy=empty format=python | 5 entries")
+    assert columns.split()[-6:] == [
+        "err:empty", "err:state", "err:resp", "err:force", "timeout", "env_error",
+    ]  # fmt: skip
 
 
 def test_config_errors_are_user_errors(tmp_path):

@@ -69,6 +69,14 @@ class Episode(Protocol):
 
 
 class Environment(Protocol):
+    """What the stages need of an environment. Optional attributes, read where absent as:
+    - `title: str` heads the eval table (default: its `env.benchmark` name);
+    - `error_types: tuple[str, ...]`: the `RewardResult.error_type` values eval counts, in this
+      order, even when none occurred (default ()); any other seen is counted after them;
+    - `golden_trajectories: bool`: its tasks are `envs.entries.Entry`s with ground truth, the
+      only tasks stage 1's data builder (sft/rctp) can use (default False; True for the
+      built-ins)."""
+
     categories: tuple[str, ...]  # what its tasks' `category` can be (eval reports by these)
 
     def tasks(self, split: str) -> Sequence[Task]:

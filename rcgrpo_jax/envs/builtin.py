@@ -10,6 +10,7 @@ from rcgrpo_jax.envs import synthetic, tiny_tokenizer
 from rcgrpo_jax.envs.base import SPLITS, EpisodeSettings, register
 from rcgrpo_jax.envs.entries import CATEGORIES, Entry, normalize_category
 from rcgrpo_jax.envs.episode import Episode
+from rcgrpo_jax.envs.reward import ERROR_TYPES
 from rcgrpo_jax.envs.split import split_entries
 
 
@@ -17,6 +18,8 @@ class _EntryEnvironment:
     """Episodes of BFCL-shaped entries: `envs.episode.Episode` (our executor and checker)."""
 
     categories: tuple[str, ...]
+    error_types = ERROR_TYPES  # what our BFCL checker reports
+    golden_trajectories = True  # Entry tasks with ground truth: stage 1's data builder reads them
 
     def episode(
         self, task: Entry, settings: EpisodeSettings, reward_token: int | None = None
@@ -38,6 +41,8 @@ def _check_split(split: str) -> None:
 class BfclEnvironment(_EntryEnvironment):
     """BFCL v4 multi-turn entries of `categories` ("base" or "multi_turn_base", ...)."""
 
+    title = "BFCL v4 multi-turn"
+
     def __init__(self, categories: Sequence[str] = CATEGORIES) -> None:
         try:
             self.categories = tuple(normalize_category(c) for c in categories)
@@ -53,6 +58,7 @@ class SyntheticEnvironment(_EntryEnvironment):
     """`synthetic.make_tasks` of each split; `difficulty`: fields of `synthetic.Difficulty`."""
 
     categories = (synthetic.CATEGORY,)
+    title = "synthetic file-system tasks"
 
     def __init__(
         self,

@@ -23,3 +23,14 @@ FAMILIES: dict[str, Family] = {  # keyed by transformers' `model_type`
     "qwen2": Family("Qwen2ForCausalLM", qkv_bias=True),
     "llama": Family("LlamaForCausalLM", qkv_bias=False, off_flags=("attention_bias", "mlp_bias")),
 }
+
+
+def qkv_bias_mismatch(family: str, qkv_bias: bool) -> str | None:
+    """None when a `family` checkpoint can have `qkv_bias`, else what it needs: its
+    transformers class hard-codes the q/k/v biases, so HF export refuses any other value
+    (config_check says so before training)."""
+    f = FAMILIES[family]
+    if qkv_bias == f.qkv_bias:
+        return None
+    has = "has" if f.qkv_bias else "has no"
+    return f"{f.qkv_bias} for a {family} model ({f.architecture} {has} q/k/v biases)"

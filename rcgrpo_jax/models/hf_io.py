@@ -27,7 +27,7 @@ from jax.sharding import Mesh
 
 from rcgrpo_jax.models import api
 from rcgrpo_jax.models.config import ModelConfig, RopeScaling
-from rcgrpo_jax.models.families import FAMILIES
+from rcgrpo_jax.models.families import FAMILIES, qkv_bias_mismatch
 from rcgrpo_jax.models.weights import Weight, lookup, nest, weights
 
 
@@ -140,8 +140,9 @@ def config_to_hf(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
         "dtype": dtype,
     }
     out.update(dict.fromkeys(family.off_flags, False))
-    if cfg.qkv_bias != family.qkv_bias:
-        raise CheckpointError(f"cannot export qkv_bias={cfg.qkv_bias} as a {cfg.family} checkpoint")
+    need = qkv_bias_mismatch(cfg.family, cfg.qkv_bias)
+    if need:
+        raise CheckpointError(f"cannot export qkv_bias={cfg.qkv_bias}: expected {need}")
     return out
 
 

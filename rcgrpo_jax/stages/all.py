@@ -184,6 +184,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     from rcgrpo_jax.stages import rl as rl_loop
     from rcgrpo_jax.stages import sft
 
+    setup.require_golden_trajectories(config)
     t0 = time.time()
     workdir = Path(config.workdir)
     workdir.mkdir(parents=True, exist_ok=True)

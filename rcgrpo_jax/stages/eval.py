@@ -7,6 +7,10 @@ Writes under `<workdir>/eval/<split>-<policy>/`:
 - `summary.json`: per-category and overall accuracy (%), error counts, wall time;
 - `table.txt`: the one-screen table that is also printed.
 
+The table's header is the environment's `title` and the error counts are of its
+`error_types` (both optional: `envs.base.Environment`), then of any other error type the
+records show, so that no failure goes uncounted.
+
 Config keys read (declared in `rcgrpo_jax.config`): workdir, eval.policy ('model' |
 'ground_truth' | 'empty'), eval.split ('test' | 'train' | 'all'), eval.max_entries (0 = all, else
 first N per category), eval.reward_token (None, 0 or 1), eval.batch_size, eval.max_new_tokens,
@@ -89,8 +93,21 @@ def entry_record(episode: Episode, result: RewardResult) -> dict[str, Any]:
     }
 
 
-def summarize(records: Sequence[dict[str, Any]], categories: Sequence[str]) -> dict[str, Any]:
-    """Per-category counts and accuracies (%); overall = mean over categories, as BFCL does."""
+def error_columns(
+    records: Sequence[dict[str, Any]], declared: Sequence[str] = ()
+) -> tuple[str, ...]:
+    """The error types to count: `declared` ones first, then any other the records show, in
+    first-seen order."""
+    seen = (r["error_type"] for r in records if r["error_type"])
+    return tuple(dict.fromkeys([*declared, *seen]))
+
+
+def summarize(
+    records: Sequence[dict[str, Any]], categories: Sequence[str], error_types: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Per-category counts and accuracies (%); overall = mean over categories, as BFCL does.
+    Errors are counted per `error_columns(records, error_types)`."""
+    columns = error_columns(records, error_types)
     per_category: dict[str, dict[str, Any]] = {}
     for category in categories:
         rows = [r for r in records if r["category"] == category]
@@ -102,7 +119,7 @@ def summarize(records: Sequence[dict[str, Any]], categories: Sequence[str]) -> d
             "accuracy": 100.0 * sum(r["reward"] for r in rows) / n if n else 0.0,
             "state_ok": 100.0 * sum(r["state_ok"] for r in rows) / n if n else 0.0,
             "action_ok": 100.0 * sum(r["action_ok"] for r in rows) / n if n else 0.0,
-            "errors": {e: errors.get(e, 0) for e in ERROR_TYPES},
+            "errors": {e: errors.get(e, 0) for e in columns},
         }
     scored = [c for c in categories if per_category[c]["n"]]
     overall = sum(per_category[c]["accuracy"] for c in scored) / len(scored) if scored else 0.0
@@ -114,22 +131,32 @@ def summarize(records: Sequence[dict[str, Any]], categories: Sequence[str]) -> d
     }
 
 
-def format_table(summary: dict[str, Any]) -> str:
-    """One screen: accuracy, R_state and R_action rates and error counts per category."""
-    short = dict(zip(ERROR_TYPES, ("err:empty", "err:state", "err:resp", "err:force"), strict=True))
+# BFCL's error types are too long for a column; any other is named after its last ":".
+SHORT_ERRORS = dict(
+    zip(ERROR_TYPES, ("err:empty", "err:state", "err:resp", "err:force"), strict=True)
+)
+
+
+def format_table(summary: dict[str, Any], title: str) -> str:
+    """One screen headed `title`: accuracy, R_state and R_action rates and error counts per
+    category (the columns of the summary's error counts)."""
+    rows = summary["categories"]
+    columns = list(next(iter(rows.values()))["errors"]) if rows else []
+    short = {e: SHORT_ERRORS.get(e, e.rsplit(":", 1)[-1]) for e in columns}
+    width = {e: max(10, len(short[e])) for e in columns}
     head = (
-        f"BFCL v4 multi-turn | split={summary['split']} policy={summary['policy']} "
+        f"{title} | split={summary['split']} policy={summary['policy']} "
         f"format={summary['chat_format']} | {summary['num_entries']} entries | "
         f"{summary['wall_time_s']:.1f} s"
     )
     cols = f"{'category':<24}{'n':>5}{'acc%':>8}{'state%':>8}{'action%':>9} " + " ".join(
-        f"{short[e]:>10}" for e in ERROR_TYPES
+        f"{short[e]:>{width[e]}}" for e in columns
     )
     lines = [head, cols, "-" * len(cols)]
-    for category, c in summary["categories"].items():
+    for category, c in rows.items():
         lines.append(
             f"{category:<24}{c['n']:>5}{c['accuracy']:>8.2f}{c['state_ok']:>8.2f}"
-            f"{c['action_ok']:>9.2f} " + " ".join(f"{c['errors'][e]:>10}" for e in ERROR_TYPES)
+            f"{c['action_ok']:>9.2f} " + " ".join(f"{c['errors'][e]:>{width[e]}}" for e in columns)
         )
     lines.append("-" * len(cols))
     lines.append(f"{'overall (mean of categories)':<29}{summary['accuracy']['overall']:>8.2f}")
@@ -249,7 +276,7 @@ def run(
         "split": split,
         "policy": policy_name,
         "chat_format": chat_format,
-        **summarize(records, categories),
+        **summarize(records, categories, tuple(getattr(env, "error_types", ()))),
         "wall_time_s": time.perf_counter() - start,
     }
 
@@ -263,7 +290,7 @@ def run(
         for record in records:
             f.write(json.dumps(record) + "\n")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    table = format_table(summary)
+    table = format_table(summary, getattr(env, "title", str(config.env.benchmark)))
     (out_dir / "table.txt").write_text(table + "\n", encoding="utf-8")
     print(table)
     summary["output_dir"] = str(out_dir)

@@ -283,6 +283,21 @@ def environment(config: ml_collections.ConfigDict, section: str = "env"):
 _ENVIRONMENTS: dict[tuple, Any] = {}
 
 
+def require_golden_trajectories(config: ml_collections.ConfigDict) -> None:
+    """UserError unless the environment has golden trajectories (`golden_trajectories`, see
+    `envs.base.Environment`): stage 1 builds its dataset from them, and without them it would
+    fail deep in the data builder after the model is built (stage all: after its base eval)."""
+    if getattr(environment(config), "golden_trajectories", False):
+        return
+    raise UserError(
+        f"env.benchmark={config.env.benchmark!r} has no golden trajectories: stage "
+        f"{config.stage} needs them (stage 1, sft/rctp, builds its dataset from them, and stage "
+        "all starts with it); the built-in environments bfcl and synthetic provide them. The RL "
+        "(grpo, rcgrpo) and eval stages work with any registered environment: start RL from an "
+        "exported HF checkpoint via rl.init_from"
+    )
+
+
 def task_entries(config: ml_collections.ConfigDict, split: str) -> list:
     """Training or held-out tasks of the configured environment."""
     return list(environment(config).tasks(split))

@@ -99,6 +99,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     stage = config.stage
     if stage not in ("sft", "rctp"):
         raise UserError(f"stages.sft runs stages sft/rctp, not {stage!r}")
+    setup.require_golden_trajectories(config)
     rctp = stage == "rctp"
     s = setup.start(config)
     workdir = s.workdir
