@@ -62,6 +62,7 @@ def child(a: argparse.Namespace) -> dict:
 
     from rcgrpo_jax import models
     from rcgrpo_jax.config import base_config
+    from rcgrpo_jax.envs.reward_tokens import LOW
     from rcgrpo_jax.models.sharding import use_mesh
     from rcgrpo_jax.rl.train_step import make_rl_step
     from rcgrpo_jax.stages.setup import objective_from_config
@@ -107,7 +108,7 @@ def child(a: argparse.Namespace) -> dict:
             mask > 0, -np.log(a.vocab) + rng.normal(0, 0.2, shape), 0.0
         ).astype(np.float32),
         "rewards": np.tile(np.array([1.0, 0.0] * g, np.float32)[:g], (p, 1)),
-        "reward_token": np.zeros((p, g), np.int32),
+        "reward_token": np.full((p, g), LOW, np.int32),
     }
     batch = shard_batch(batch, mesh)
 

@@ -160,8 +160,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.rl.aggregation = "token"  # grpo: token | sequence
     # Dynamic sampling (DAPO): drop groups whose rewards are all equal and roll out further
     # prompts, up to dynamic_max_rounds rounds per iteration, until num_prompts groups remain.
-    # Short of that, the update trains the ones it has (cut to whole minibatches), in a batch
-    # of num_prompts groups with the rest masked: the train step keeps one shape.
+    # Short of that, the update trains the ones it has (cut to a multiple of minibatches x
+    # grad_accum), in a batch of num_prompts groups with the rest masked: one step shape.
     c.rl.dynamic_sampling = False
     c.rl.dynamic_max_rounds = 4  # rollout rounds per iteration, the first included
     # Trajectories generated over the run (every round counts); the run stops when it is

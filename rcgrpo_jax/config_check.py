@@ -18,6 +18,7 @@ from typing import Any
 import ml_collections
 
 from rcgrpo_jax.config import BFCL_CATEGORIES, STAGES
+from rcgrpo_jax.envs.reward_tokens import HIGH, LOW
 from rcgrpo_jax.errors import UserError
 
 # A rule returns None when the value is fine, else what is allowed ("an integer >= 0").
@@ -233,7 +234,7 @@ RULES: dict[str, Rule] = {
     "eval.max_len": integer(2),
     "eval.temperature": number(0.0),
     "eval.batch_size": integer(0),
-    "eval.reward_token": optional(choice((0, 1))),
+    "eval.reward_token": optional(choice((LOW, HIGH))),
     "rctp.low_per_high": number(),  # < 0 keeps every label-0 example
     "rctp.perturbations": subset(_perturbations, allow_empty=True),
     "rctp.perturbations_per_entry": integer(0),

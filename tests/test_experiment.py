@@ -7,7 +7,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from rcgrpo_jax.envs.prompts import HIGH, NONE
+from rcgrpo_jax.envs.reward_tokens import HIGH, NONE
 from rcgrpo_jax.stages import all as experiment
 from rcgrpo_jax.stages.rl import reward_tokens_for, token_draw
 from rcgrpo_jax.tools import seeds

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from rcgrpo_jax.config import base_config
+from rcgrpo_jax.envs.reward_tokens import HIGH, LOW, NONE
 from rcgrpo_jax.rl import OBJECTIVES, Objective
 from rcgrpo_jax.rl.dynamic import fill_groups, padded_groups
 from rcgrpo_jax.rl.losses import objective_loss
@@ -39,7 +40,7 @@ def make_batch(seed: int = 0):
         "old_logprobs": old,
         "rewards": rewards,
         "ref_logprobs": (logp + rng.normal(0, 0.2, logp.shape)).astype(np.float32),
-        "reward_token": np.full((P, G), -1, np.int32),
+        "reward_token": np.full((P, G), NONE, np.int32),
     }
     return batch, logp
 
@@ -222,11 +223,15 @@ def test_masked_padding_groups_change_nothing(objective):
     so that they would count if they were seen) gives the real batch's loss, gradient and
     group statistics: what dynamic sampling's padding to P groups relies on."""
     batch, logp = make_batch(7)
+    batch["reward_token"] = np.tile([HIGH, LOW], (P, G // 2)).astype(np.int32)
     pad = np.array([2, 1])  # two padding groups, copies of groups 2 and 1
     padded = {k: np.concatenate([v, v[pad]]) for k, v in batch.items()}
-    padded["rewards"][P:] = np.arange(2 * G, dtype=np.float32).reshape(2, G)
+    # what would show if they counted: another reward spread, one all-equal (degenerate) group,
+    # only high tokens, and log-probs far from the old ones (agreement maxima, clipping)
+    padded["rewards"][P:] = [np.arange(G, dtype=np.float32), np.full(G, 0.5, np.float32)]
+    padded["reward_token"][P:] = HIGH
     padded["group_mask"] = np.array([1.0] * P + [0.0, 0.0], np.float32)
-    plogp = np.concatenate([logp, logp[pad]])
+    plogp = np.concatenate([logp, logp[pad] - 3.0])
     loss, grad, aux = jax_loss_and_grad(objective, batch, logp)
     ploss, pgrad, paux = jax_loss_and_grad(objective, padded, plogp)
     assert ploss == pytest.approx(loss, rel=1e-6, abs=1e-9)
@@ -297,7 +302,7 @@ def test_padded_groups_lay_out_every_minibatch_and_microbatch_alike():
     a + 2, ...) each microbatch holds exactly one trained group."""
     trained = np.zeros(9, bool)
     trained[[0, 3, 4, 8]] = True
-    index, valid = padded_groups(trained, 8, 2)
+    index, valid = padded_groups(trained, 8, 2, 2)
     assert index.shape == valid.shape == (8,)
     assert trained[index].all()  # only trained groups' content, padding included
     assert index[valid].tolist() == [0, 3, 4, 8]  # each trained group once, in order
@@ -306,5 +311,5 @@ def test_padded_groups_lay_out_every_minibatch_and_microbatch_alike():
         assert [part[a::2].sum() for a in range(2)] == [1, 1]
     all_in, valid = padded_groups(np.ones(8, bool), 8, 2)
     assert all_in.tolist() == list(range(8)) and valid.all()  # nothing dropped: the batch as drawn
-    with pytest.raises(ValueError, match="3 trained groups do not fill 2 parts of 8 groups"):
-        padded_groups(np.array([True] * 3 + [False] * 5), 8, 2)
+    with pytest.raises(ValueError, match="2 trained groups do not fill 2 minibatches x 2 micro"):
+        padded_groups(np.array([True] * 2 + [False] * 6), 8, 2, 2)

@@ -10,6 +10,7 @@ from conftest import tiny_model_config
 
 from rcgrpo_jax import models, rl
 from rcgrpo_jax.envs.reward import RewardResult
+from rcgrpo_jax.rl.dynamic import padded_groups
 from rcgrpo_jax.rl.rollout import RolloutSettings, _pack
 from rcgrpo_jax.rl.train_step import make_rl_step
 from rcgrpo_jax.sampling import Trajectory, length_bucket
@@ -210,6 +211,35 @@ def test_fused_step_equal_on_two_meshes_and_compiles_once(params):
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, atol=3e-5), results[0][1], results[1][1]
     )
+
+
+def test_masked_padding_groups_train_like_the_kept_groups_alone(params):
+    """Dynamic sampling's batch: 2 kept groups laid out as P = 4 (`padded_groups`, the copies
+    masked by `group_mask`), data-parallel over 4 devices with 2 accumulated microbatches, takes
+    the same steps as the 2 groups alone on 2 devices: the padding counts nowhere."""
+    lc = rl.Objective(kl_beta=0.05)
+    trained = np.array([False, True, False, True])
+    index, valid = padded_groups(trained, P, 1, 2)
+    runs = []
+    for shape, take in [((4, 1, 1), "padded"), ((2, 1, 1), "kept")]:
+        mesh = models.make_mesh(shape)
+        state, optimizer, shardings = _state(params, mesh)
+        step = make_rl_step(CFG, lc, optimizer, mesh=mesh, shardings=shardings, grad_accum=2)
+        out = []
+        for s in range(2):
+            batch, _ = make_batch(params, seed=20 + s)
+            if take == "padded":
+                batch = {k: v[index] for k, v in batch.items()}
+                batch["group_mask"] = valid.astype(np.float32)
+            else:
+                batch = {k: v[trained] for k, v in batch.items()}
+            state, m = step(state, batch)
+            out.append([float(m[k]) for k in ("loss", "grad_norm", "tokens", "groups_sum")])
+        runs.append((out, jax.tree.map(np.asarray, state.params)))
+    (padded, p_params), (kept, k_params) = runs
+    assert padded[0][3] == kept[0][3] == 2  # two groups counted, not four
+    np.testing.assert_allclose(padded, kept, rtol=1e-5, atol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=3e-5), p_params, k_params)
 
 
 @pytest.mark.parametrize("stratified", [True, False])

@@ -22,8 +22,9 @@ from rcgrpo_jax.envs.policies import (
     model_policy,
     run_episodes,
 )
-from rcgrpo_jax.envs.prompts import REWARD_TOKENS, render_with_mask, set_reward_token
+from rcgrpo_jax.envs.prompts import render_with_mask, set_reward_token
 from rcgrpo_jax.envs.reward import ERROR_TYPES, RewardResult, trajectory_reward
+from rcgrpo_jax.envs.reward_tokens import REWARD_TOKENS
 from rcgrpo_jax.envs.split import split_entries, split_ids
 
 __all__ = [

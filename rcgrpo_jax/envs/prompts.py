@@ -21,10 +21,7 @@ from bfcl_eval.constants.default_prompts import (
     PROMPT_STYLE_TEMPLATES,
 )
 
-# The one place the reward-token codes and strings live: a rollout is conditioned on HIGH (the
-# trajectory scored 1) or LOW (0); NONE = no token (plain GRPO). Both stages read them here.
-HIGH, LOW, NONE = 1, 0, -1
-REWARD_TOKENS = {HIGH: "<|high_reward|>", LOW: "<|low_reward|>"}
+from rcgrpo_jax.envs.reward_tokens import REWARD_TOKENS
 
 Message = dict[str, Any]
 

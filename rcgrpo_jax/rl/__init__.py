@@ -1,6 +1,6 @@
 """RL building blocks: group advantages, reward-token draws, the objectives, the fused step."""
 
-from rcgrpo_jax.envs.prompts import HIGH, LOW, NONE
+from rcgrpo_jax.envs.reward_tokens import HIGH, LOW, NONE
 from rcgrpo_jax.rl.advantages import (
     TokenDraw,
     degenerate_groups,

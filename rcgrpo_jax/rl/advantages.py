@@ -13,7 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from rcgrpo_jax.envs.prompts import HIGH, LOW  # the codes, defined with their token strings
+from rcgrpo_jax.envs.reward_tokens import HIGH, LOW
 
 
 def _group_advantage(rewards: jax.Array, eps: float, normalize_std: bool) -> jax.Array:
@@ -47,10 +47,11 @@ def degenerate_groups(rewards: jax.Array) -> jax.Array:
 
 def _group_tokens(key: jax.Array, group_size: int, p_high: float, stratified: bool) -> jax.Array:
     if not stratified:
-        return jnp.where(jax.random.bernoulli(key, p_high, (group_size,)), HIGH, LOW)
+        high = jax.random.bernoulli(key, p_high, (group_size,))
+        return jnp.where(high, HIGH, LOW).astype(jnp.int32)
     # Stratified: round(p_high * G) high tokens, clamped so that both tokens appear, then shuffled.
     n_high = jnp.clip(jnp.round(p_high * group_size), 1, group_size - 1).astype(jnp.int32)
-    tokens = jnp.where(jnp.arange(group_size) < n_high, HIGH, LOW)
+    tokens = jnp.where(jnp.arange(group_size) < n_high, HIGH, LOW).astype(jnp.int32)
     return jax.random.permutation(key, tokens)
 
 

@@ -79,21 +79,24 @@ def fill_groups(
 
 
 def padded_groups(
-    trained: np.ndarray, num_groups: int, chunks: int
+    trained: np.ndarray, num_groups: int, minibatches: int, microbatches: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(index [num_groups] into the drawn groups, valid [num_groups] bool): the groups set in
-    `trained` (k of them, a multiple of `chunks`) as a batch of `num_groups`, in `chunks` equal
-    contiguous parts (the step's minibatches) that each start with k / chunks trained groups;
-    the rest of each part repeats trained groups, marked not valid (the loss masks them out:
-    `group_mask`). A microbatch takes rows a, a + n, ... of a part, so with k / chunks a multiple
-    of its count every microbatch gets the same number of trained groups."""
+    """(index [num_groups] into the drawn groups, valid [num_groups] bool): the k groups set in
+    `trained` as a batch of `num_groups`, in `minibatches` equal contiguous parts that each
+    start with k / minibatches trained groups; the rest of each part repeats its trained groups,
+    marked not valid (the loss masks them out: `group_mask`). A part's microbatch takes its rows
+    a, a + microbatches, ... (`train.state`), so every microbatch gets the same number of
+    trained groups: k must be a multiple of minibatches x microbatches (`fill_groups` cuts)."""
     kept = np.flatnonzero(trained)
-    k = len(kept)
-    if not 0 < k <= num_groups or k % chunks or num_groups % chunks:
-        raise ValueError(f"{k} trained groups do not fill {chunks} parts of {num_groups} groups")
-    per, size = k // chunks, num_groups // chunks
+    k, parts = len(kept), minibatches * microbatches
+    if not 0 < k <= num_groups or k % parts or num_groups % minibatches:
+        raise ValueError(
+            f"{k} trained groups do not fill {minibatches} minibatches x {microbatches} "
+            f"microbatches of {num_groups} groups"
+        )
+    per, size = k // minibatches, num_groups // minibatches
     index, valid = [], []
-    for c in range(chunks):
+    for c in range(minibatches):
         own = kept[c * per : (c + 1) * per]
         index += [*own, *np.resize(own, size - per)]
         valid += [True] * per + [False] * (size - per)

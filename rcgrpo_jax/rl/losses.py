@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from rcgrpo_jax import models
-from rcgrpo_jax.envs.prompts import HIGH, LOW
+from rcgrpo_jax.envs.reward_tokens import HIGH, LOW, NONE
 from rcgrpo_jax.models import ModelConfig
 from rcgrpo_jax.rl.advantages import degenerate_groups, group_advantages
 
@@ -138,11 +138,11 @@ def objective_loss(
         loss = jnp.sum(seq_loss * has_tok) / jnp.maximum(weight, 1.0)
     else:  # constant: every sequence counts the same fixed length, however long it is
         weight = jnp.sum(groups) * (g * (objective.norm_length or t))
-        loss = jnp.sum(per_token * mask) / weight
+        loss = jnp.sum(per_token * mask) / jnp.maximum(weight, 1.0)
 
     tok_mean = lambda x: jnp.sum(x * mask) / jnp.maximum(n_tok, 1.0)
     rewards = batch["rewards"].astype(jnp.float32)
-    rt = batch.get("reward_token", jnp.full((p, g), -1, jnp.int32))
+    rt = batch.get("reward_token", jnp.full((p, g), NONE, jnp.int32))
     rows = jnp.broadcast_to(groups[:, None], (p, g))  # 1 on every rollout of a counted group
     # clipped: the min takes the clipped term strictly, so the token's surrogate has no gradient
     is_clipped = clipped * adv < ratio * adv

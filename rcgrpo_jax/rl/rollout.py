@@ -33,6 +33,7 @@ from rcgrpo_jax import distributed
 from rcgrpo_jax.envs import Environment, Episode, EpisodeSettings, prompts
 from rcgrpo_jax.envs.executor import CALL_TIMEOUT_S
 from rcgrpo_jax.envs.reward import ENV_ERROR, RewardResult
+from rcgrpo_jax.envs.reward_tokens import NONE
 from rcgrpo_jax.models import ModelConfig, Params
 from rcgrpo_jax.sampling import Session, cache_capacity, length_bucket
 
@@ -119,7 +120,7 @@ def collect(
     local = []
     for r in mine:  # only this process's environments exist here
         i, j = divmod(r, g)
-        token = None if int(reward_tokens[i, j]) == prompts.NONE else int(reward_tokens[i, j])
+        token = None if int(reward_tokens[i, j]) == NONE else int(reward_tokens[i, j])
         opener = functools.partial(_open, env, entries[i], token, settings, tokenizer)
         opened = _guarded(errors, r, entries[i], opener)
         # [ok, *prompt]: a row whose environment could not be built starts (and at once ends)

@@ -30,8 +30,9 @@ from typing import Any
 
 import ml_collections
 
-from rcgrpo_jax.envs import Episode, EpisodeSettings, policies, prompts
+from rcgrpo_jax.envs import Episode, EpisodeSettings, policies
 from rcgrpo_jax.envs.reward import ERROR_TYPES, RewardResult
+from rcgrpo_jax.envs.reward_tokens import NONE
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.stages import setup
 
@@ -196,7 +197,7 @@ def _model_rollouts(
     out = []
     for i in range(0, len(entries), size):
         chunk = entries[i : i + size]
-        token = prompts.NONE if reward_token is None else int(reward_token)
+        token = NONE if reward_token is None else int(reward_token)
         tokens = np.full((len(chunk), 1), token, np.int32)
         out.append(collect(cfg, params, tokenizer, env, chunk, tokens, settings, seed=i, mesh=mesh))
     return out

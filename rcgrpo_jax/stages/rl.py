@@ -47,7 +47,7 @@ import ml_collections
 import numpy as np
 
 from rcgrpo_jax import distributed
-from rcgrpo_jax.envs.prompts import HIGH, LOW, NONE
+from rcgrpo_jax.envs.reward_tokens import HIGH, LOW, NONE
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.rl.advantages import TokenDraw, degenerate_groups, draw_reward_tokens_jit
 from rcgrpo_jax.rl.dynamic import fill_groups, padded_groups
@@ -221,9 +221,9 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
                 return _Drawn(entries, ro)
 
             # Cap hit with fewer than P informative groups: the update takes the k it has (cut
-            # to whole minibatches, laid out as P groups with the rest masked: one step shape):
-            # they were paid for from the budget, and skipping would starve exactly the runs
-            # that need the signal most. No informative group: no update.
+            # to a multiple of minibatches x microbatches, laid out as P groups with the rest
+            # masked: one step shape): they were paid for from the budget, and skipping would
+            # starve exactly the runs that need the signal most. No informative group: no update.
             filled = fill_groups(
                 draw, p_, g_, budget=budget - generated, dynamic=bool(rl.dynamic_sampling),
                 max_rounds=int(rl.dynamic_max_rounds),
@@ -237,7 +237,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             step_metrics = []
             tokens = None
             if trained.any():
-                index, valid = padded_groups(trained, p_, int(rl.minibatches))
+                index, valid = padded_groups(trained, p_, int(rl.minibatches), optim_cfg.grad_accum)
                 batch = {k: v[index] for k, v in ro.batch().items()}
                 batch["group_mask"] = valid.astype(np.float32)
                 if ref_params is not None:

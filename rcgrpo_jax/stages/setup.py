@@ -313,13 +313,14 @@ def prompt_length(env: Any, tokenizer: Any, entry: Any, chat_format: str) -> int
     """Tokens of `entry`'s first prompt (system prompt with a reward token, tools, first user
     turn, generation prompt): what a rollout starts from. Memoised per tokenizer."""
     from rcgrpo_jax.envs import EpisodeSettings, prompts
+    from rcgrpo_jax.envs.reward_tokens import HIGH
 
     cache = _PROMPT_LENGTHS.setdefault(tokenizer, {})
     key = (len(tokenizer), chat_format, entry.category, entry.id)
     if key not in cache:
         # the high token stands for either token (both render alike); without the token in the
         # vocabulary it is spelled in pieces, so this never undercounts a conditioned prompt
-        episode = env.episode(entry, EpisodeSettings(chat_format=chat_format), reward_token=1)
+        episode = env.episode(entry, EpisodeSettings(chat_format=chat_format), reward_token=HIGH)
         cache[key] = len(prompts.prompt_ids(tokenizer, episode.messages, episode.tools))
     return cache[key]
 

@@ -20,7 +20,8 @@ from rcgrpo_jax.data import store
 from rcgrpo_jax.data.loader import train_loader
 from rcgrpo_jax.data.packing import ExampleTooLongError
 from rcgrpo_jax.data.trajectories import DataSettings, build_rctp_dataset
-from rcgrpo_jax.envs.prompts import HIGH, LOW, stop_ids
+from rcgrpo_jax.envs.prompts import stop_ids
+from rcgrpo_jax.envs.reward_tokens import HIGH, LOW
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.stages import setup
 from rcgrpo_jax.stages.eval import success_rate
