@@ -10,7 +10,7 @@ from conftest import tiny_model_config
 
 from rcgrpo_jax import models, rl
 from rcgrpo_jax.envs.reward import RewardResult
-from rcgrpo_jax.rl.dynamic import padded_groups
+from rcgrpo_jax.rl.dynamic import padded_batch
 from rcgrpo_jax.rl.rollout import RolloutSettings, _pack
 from rcgrpo_jax.rl.train_step import make_rl_step
 from rcgrpo_jax.sampling import Trajectory, length_bucket
@@ -219,7 +219,6 @@ def test_masked_padding_groups_train_like_the_kept_groups_alone(params):
     the same steps as the 2 groups alone on 2 devices: the padding counts nowhere."""
     lc = rl.Objective(kl_beta=0.05)
     trained = np.array([False, True, False, True])
-    index, valid = padded_groups(trained, P, 1, 2)
     runs = []
     for shape, take in [((4, 1, 1), "padded"), ((2, 1, 1), "kept")]:
         mesh = models.make_mesh(shape)
@@ -229,8 +228,7 @@ def test_masked_padding_groups_train_like_the_kept_groups_alone(params):
         for s in range(2):
             batch, _ = make_batch(params, seed=20 + s)
             if take == "padded":
-                batch = {k: v[index] for k, v in batch.items()}
-                batch["group_mask"] = valid.astype(np.float32)
+                batch = padded_batch(batch, trained, P, 1, 2)
             else:
                 batch = {k: v[trained] for k, v in batch.items()}
             state, m = step(state, batch)

@@ -101,3 +101,16 @@ def padded_groups(
         index += [*own, *np.resize(own, size - per)]
         valid += [True] * per + [False] * (size - per)
     return np.asarray(index), np.asarray(valid)
+
+
+def padded_batch(
+    batch: dict[str, np.ndarray],
+    trained: np.ndarray,
+    num_groups: int,
+    minibatches: int,
+    microbatches: int = 1,
+) -> dict[str, np.ndarray]:
+    """The train step's batch of `num_groups` groups from the drawn groups' `batch` (every key
+    [drawn, ...]): `padded_groups`' layout, with its validity as `group_mask`."""
+    index, valid = padded_groups(trained, num_groups, minibatches, microbatches)
+    return {**{k: v[index] for k, v in batch.items()}, "group_mask": valid.astype(np.float32)}

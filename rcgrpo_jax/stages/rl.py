@@ -50,7 +50,7 @@ from rcgrpo_jax import distributed
 from rcgrpo_jax.envs.reward_tokens import HIGH, LOW, NONE
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.rl.advantages import TokenDraw, degenerate_groups, draw_reward_tokens_jit
-from rcgrpo_jax.rl.dynamic import fill_groups, padded_groups
+from rcgrpo_jax.rl.dynamic import fill_groups, padded_batch
 from rcgrpo_jax.rl.losses import summarize
 from rcgrpo_jax.rl.rollout import Rollouts, RolloutSettings, collect, concat_groups
 from rcgrpo_jax.rl.train_step import NEXT_TOKENS, make_rl_step, sequence_logprobs
@@ -181,6 +181,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     ref_params = s.params if objective.kl_beta > 0 else None
     del s  # the state owns the policy from here on
     p_, g_ = int(rl.num_prompts), int(rl.group_size)
+    mbs, ga = int(rl.minibatches), optim_cfg.grad_accum  # an update's minibatches x microbatches
     budget = int(rl.max_rollouts) or int(rl.steps) * p_ * g_
     start = int(t.data_state.get("iteration", 0))
     # a checkpoint without the count: made when every iteration generated P x G
@@ -227,7 +228,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             filled = fill_groups(
                 draw, p_, g_, budget=budget - generated, dynamic=bool(rl.dynamic_sampling),
                 max_rounds=int(rl.dynamic_max_rounds),
-                multiple_of=int(rl.minibatches) * optim_cfg.grad_accum,
+                multiple_of=mbs * ga,
             )  # fmt: skip
             generated += filled.generated
             ro = concat_groups([d.rollouts for d in filled.rounds])
@@ -237,13 +238,11 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             step_metrics = []
             tokens = None
             if trained.any():
-                index, valid = padded_groups(trained, p_, int(rl.minibatches), optim_cfg.grad_accum)
-                batch = {k: v[index] for k, v in ro.batch().items()}
-                batch["group_mask"] = valid.astype(np.float32)
+                batch = padded_batch(ro.batch(), trained, p_, mbs, ga)
                 if ref_params is not None:
                     batch["ref_logprobs"] = _ref_logprobs(cfg, ref_params, batch, mesh)
                 for _ in range(int(rl.epochs)):
-                    for mb in _minibatches(batch, int(rl.minibatches)):
+                    for mb in _minibatches(batch, mbs):
                         mb["iteration"] = np.int32(it)  # the step draws iteration it + 1's tokens
                         state, m = step_fn(state, {k: _global(v, mesh) for k, v in mb.items()})
                         m = distributed.host_tree(m)
