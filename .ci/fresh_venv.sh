@@ -8,6 +8,8 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 python3 -m venv "$tmp/venv"
+# a fresh machine has no compilation cache either
+export JAX_COMPILATION_CACHE_DIR="$tmp/xla"
 PYTHON="$tmp/venv/bin/python" bash "$repo/launch/install.sh"
 # configs/tiny.py shrunk to a few steps per stage: the same code path as the demo, ~1-2 minutes.
 short=(

@@ -23,6 +23,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.workdir = ""  # everything a run writes goes here; empty = runs/<config name>
     c.seed = 0
 
+    # XLA's persistent compilation cache (`compilation.py`): a program compiled once is read
+    # from disk by every later run, workdir and test; "" = $JAX_COMPILATION_CACHE_DIR, else
+    # $XDG_CACHE_HOME/rcgrpo_jax/xla (~/.cache/rcgrpo_jax/xla).
+    c.compile = ml_collections.ConfigDict({"cache": True, "cache_dir": ""})
+
     # (data, fsdp, tensor); product must equal the number of devices in use, -1 fills one axis.
     c.mesh = ml_collections.ConfigDict({"shape": (-1, 1, 1)})
 

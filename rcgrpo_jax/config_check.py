@@ -191,6 +191,8 @@ RULES: dict[str, Rule] = {
     "stage": choice(STAGES),
     "workdir": text,
     "seed": integer(0),
+    "compile.cache": boolean,
+    "compile.cache_dir": text,
     "mesh.shape": mesh_shape,
     "model.hf_path": existing_path,
     "model.dtype": choice(DTYPES),

@@ -79,7 +79,10 @@ def main(argv: list[str]) -> int:
         if config.model.hf_path and not Path(config.model.hf_path).is_dir():
             raise UserError(f"config.model.hf_path={config.model.hf_path!r} is not a directory")
         run = _runner(config.stage)
+        from rcgrpo_jax import compilation
         from rcgrpo_jax.distributed import maybe_initialize
+
+        compilation.configure_from(config)
 
         maybe_initialize()  # multi-host TPU slices; a no-op for a single process
         run(config)

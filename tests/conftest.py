@@ -9,6 +9,19 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache for the whole test session, its child processes included
+# (`python -m rcgrpo_jax.main` reads it as its default): every test that compiles a program
+# another test compiled reads it from there. Empty at the start of a session, so a run measures
+# what a clean clone costs; set JAX_COMPILATION_CACHE_DIR to keep one between sessions.
+_OWN_CACHE = None
+if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    import tempfile
+
+    _OWN_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(
+        prefix="rcgrpo-tests-xla-"
+    )
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 # bfcl-eval writes result/score folders into site-packages on import unless this is set.
 os.environ.setdefault("BFCL_PROJECT_ROOT", os.path.join(os.environ.get("TMPDIR", "/tmp"), "bfcl"))
 
@@ -120,3 +133,11 @@ def hf_models(tmp_path_factory):
         d = tmp_path_factory.mktemp(name)
         out[name] = (make_hf_model(kind, d, tied=tied), d)
     return out
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Removes the session's own compilation cache (not one the caller named)."""
+    if _OWN_CACHE is not None:
+        import shutil
+
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)

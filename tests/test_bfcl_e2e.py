@@ -110,8 +110,6 @@ def run_main(args: list[str], log: Path, devices: int = 1) -> dict:
     seconds, peak RSS of the child (bytes, from wait4) and its output."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    # the RL arms compile the same step: a cache shared within this test's runs only
-    env["JAX_COMPILATION_CACHE_DIR"] = str(log.parent / "jax_cache")
     t0 = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(

@@ -314,3 +314,37 @@ def test_rl_rows_sized_to_content_one_program_per_bucket(params):
         seen.append(t)
     assert seen == [64, 64, 96, 96, 112]  # 130 > max_len: capped at rl.max_len itself
     assert step.jitted._cache_size() == len(set(seen))
+
+
+def test_arms_with_the_same_settings_compile_the_fused_step_once(params):
+    """Stage `all`'s arms differ only in their reward-token draw (GRPO's fixed token, RC-GRPO's
+    p_high): steps made with the same key share one jitted program, compiled once per shape, and
+    each still draws its own tokens. A different optimizer config is another program."""
+    from rcgrpo_jax import compilation
+
+    mesh = models.make_mesh((8, 1, 1))
+    optim = OptimConfig(lr=1e-2, total_steps=10)
+    draw = lambda **kw: rl.TokenDraw(seed=3, num_groups=P, group_size=G, stratified=True, **kw)
+    draws = {"grpo": draw(fixed=rl.NONE), "rcgrpo": draw(p_high=0.75), "high": draw(fixed=rl.HIGH)}
+    batch = {**make_batch(params, kl=False)[0], "iteration": np.int32(0)}
+    steps, tokens = {}, {}
+    before = compilation.programs("jit(step_fn)")
+    for arm, draw in draws.items():  # what each arm's stage builds: its own optimizer object
+        state, optimizer, shardings = _state(params, mesh)
+        steps[arm] = make_rl_step(
+            CFG, rl.Objective(), optimizer, tokens=draw, mesh=mesh, shardings=shardings, key=optim
+        )
+        _, metrics = steps[arm](state, batch)
+        tokens[arm] = np.asarray(metrics[rl.train_step.NEXT_TOKENS])
+    jitted = {id(s.jitted) for s in steps.values()}
+    assert len(jitted) == 1 and steps["grpo"].jitted._cache_size() == 1
+    assert compilation.programs("jit(step_fn)") - before == 1  # counted by JAX's own events
+    assert (tokens["grpo"] == rl.NONE).all() and (tokens["high"] == rl.HIGH).all()
+    host = rl.draw_reward_tokens_jit(draws["rcgrpo"], 1)  # the draw's own (static) program
+    np.testing.assert_array_equal(tokens["rcgrpo"], host)
+    state, optimizer, shardings = _state(params, mesh)
+    other = make_rl_step(
+        CFG, rl.Objective(), optimizer, tokens=draws["grpo"], mesh=mesh, shardings=shardings,
+        key=OptimConfig(lr=1e-3, total_steps=10),
+    )  # fmt: skip
+    assert other.jitted is not steps["grpo"].jitted

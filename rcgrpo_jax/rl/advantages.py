@@ -12,6 +12,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rcgrpo_jax.envs.reward_tokens import HIGH, LOW
 
@@ -61,10 +62,13 @@ def sample_reward_tokens(
     """[P, G] int32 of HIGH/LOW: r_j ~ P_sample(r) i.i.d., or stratified within every group."""
     if stratified and group_size < 2:
         raise ValueError("stratified reward tokens need group_size >= 2")
-    if not 0.0 <= p_high <= 1.0:
+    if not isinstance(p_high, jax.Array) and not 0.0 <= p_high <= 1.0:
         raise ValueError(f"p_high={p_high} is not a probability")
     keys = jax.random.split(key, num_groups)
     return jax.vmap(lambda k: _group_tokens(k, group_size, p_high, stratified))(keys)
+
+
+DRAWN = -2  # `TokenDraw.inputs()["token_fixed"]` when the tokens are drawn, not fixed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,20 +84,47 @@ class TokenDraw:
     stratified: bool = False
     fixed: int | None = None  # every row this token, nothing drawn (GRPO: NONE or HIGH)
 
+    def inputs(self) -> dict[str, np.ndarray]:
+        """The draw's run-time values (seed, p_high, fixed token) as step inputs: the fused
+        step reads them as data, so every RL arm of one shape shares one program."""
+        return {
+            "token_seed": np.asarray(self.seed, np.int32),
+            "token_p_high": np.asarray(self.p_high, np.float32),
+            "token_fixed": np.asarray(DRAWN if self.fixed is None else self.fixed, np.int32),
+        }
+
+    def shape(self) -> TokenDraw:
+        """The draw with only what shapes the program (P, G, stratified): a program key."""
+        return TokenDraw(0, self.num_groups, self.group_size, stratified=self.stratified)
+
 
 def draw_reward_tokens(
-    draw: TokenDraw, iteration: int | jax.Array, rnd: int = 0, num_groups: int | None = None
+    draw: TokenDraw,
+    iteration: int | jax.Array,
+    rnd: int = 0,
+    num_groups: int | None = None,
+    inputs: dict[str, jax.Array] | None = None,
 ) -> jax.Array:
     """[num_groups (default P), G] int32 tokens of one iteration's round `rnd`, keyed by
     fold_in(key(seed), iteration) (folded with `rnd` too for a later round). Traceable in
-    `iteration`: the fused RL step draws the next iteration's tokens inside its jit."""
+    `iteration`: the fused RL step draws the next iteration's tokens inside its jit, with the
+    seed, p_high and fixed token from `inputs` (`TokenDraw.inputs()`, traced) in place of the
+    draw's own, which then only gives the shape."""
     shape = (draw.num_groups if num_groups is None else num_groups, draw.group_size)
-    if draw.fixed is not None:
-        return jnp.full(shape, draw.fixed, jnp.int32)
-    key = jax.random.fold_in(jax.random.key(draw.seed), iteration)
+    if inputs is None:
+        if draw.fixed is not None:
+            return jnp.full(shape, draw.fixed, jnp.int32)
+        seed, p_high = draw.seed, draw.p_high
+    else:
+        seed, p_high = inputs["token_seed"], inputs["token_p_high"]
+    key = jax.random.fold_in(jax.random.key(seed), iteration)
     if rnd:
         key = jax.random.fold_in(key, rnd)
-    return sample_reward_tokens(key, *shape, draw.p_high, draw.stratified)
+    drawn = sample_reward_tokens(key, *shape, p_high, draw.stratified)
+    if inputs is None:
+        return drawn
+    fixed = inputs["token_fixed"]
+    return jnp.where(fixed == DRAWN, drawn, jnp.full(shape, fixed, jnp.int32))
 
 
 # The host-side entry point: the same program the step inlines, compiled once per shape.

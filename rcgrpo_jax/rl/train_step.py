@@ -12,7 +12,7 @@ The step machinery (sharding, donation, accumulation, skipping) is the one SFT u
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
@@ -32,6 +32,7 @@ def make_rl_step(
     optimizer: optax.GradientTransformation,
     *,
     tokens: TokenDraw | None = None,
+    key: Hashable | None = None,
     **step_options: Any,
 ) -> Callable[[TrainState, dict[str, Any]], tuple[TrainState, dict[str, jax.Array]]]:
     """(state, batch [P, G, ...]) -> (state, metrics); microbatches split the P groups.
@@ -39,8 +40,14 @@ def make_rl_step(
     `step_options` are `make_train_step`'s (mesh, shardings, grad_accum, schedule, ...). With
     `tokens`, the batch carries `iteration` (int32 []: the iteration its rollouts belong to) and
     the metrics carry `NEXT_TOKENS`: `draw_reward_tokens(tokens, iteration + 1)`, keyed by the
-    iteration alone, so every update of an iteration draws the same ones.
+    iteration alone, so every update of an iteration draws the same ones. The draw's seed,
+    p_high and fixed token are step inputs, not constants of the program.
+
+    `key`: what determines `optimizer` and the schedule (their `OptimConfig`); with it, every
+    RL step of the same model config, objective, draw shape and key shares one program (all
+    arms of stage `all`), compiled once per shape.
     """
+    shape = None if tokens is None else tokens.shape()  # the program sees only the shape
 
     def loss_fn(params, batch, rng):
         del rng  # the loss is deterministic given the rollouts
@@ -49,10 +56,15 @@ def make_rl_step(
     def outputs(batch):
         if "iteration" not in batch:
             raise ValueError("an RL step that draws reward tokens needs batch['iteration']")
-        return {NEXT_TOKENS: draw_reward_tokens(tokens, batch["iteration"] + 1)}
+        return {NEXT_TOKENS: draw_reward_tokens(shape, batch["iteration"] + 1, inputs=batch)}
 
     return make_train_step(
-        loss_fn, optimizer, outputs=None if tokens is None else outputs, **step_options
+        loss_fn,
+        optimizer,
+        outputs=None if tokens is None else outputs,
+        inputs=None if tokens is None else tokens.inputs(),
+        key=None if key is None else ("rl", cfg, objective, shape, key),
+        **step_options,
     )
 
 

@@ -23,17 +23,17 @@ Results: `summary.json` (per arm, and the demo's three targets), a printed table
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 import ml_collections
-import numpy as np
 
 from rcgrpo_jax.stages import setup
 from rcgrpo_jax.train import plots
-from rcgrpo_jax.train.metrics import read_jsonl, write_atomic
+from rcgrpo_jax.train.metrics import write_atomic
 
 RL_ARMS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     # (name, stage-1 run, RL algorithm, rl overrides)
@@ -101,21 +101,6 @@ def _stage1_row(summary: dict[str, Any]) -> dict[str, Any]:
         "heldout_success": got.get("none", got.get("high")),
         "success_high": got.get("high"),
         "success_low": got.get("low"),
-    }
-
-
-def _rl_stats(workdir: Path) -> dict[str, float]:
-    """Over the RL run: mean degenerate-group fraction and entropy, last held-out success."""
-    rows = read_jsonl(workdir / "metrics.jsonl")
-    evals = [r["eval_success"] for r in rows if r.get("eval_success") is not None]
-    # a value is null (NaN) in an iteration without an update (dynamic sampling found no group)
-    values = lambda k: [r[k] for r in rows if r.get(k) is not None]
-    mean = lambda k: float(np.mean(values(k))) if values(k) else float("nan")
-    return {
-        "heldout_success": evals[-1] if evals else float("nan"),
-        "degenerate_frac": mean("degenerate_frac"),
-        "entropy": mean("entropy"),
-        "reward_mean": mean("reward_mean"),
     }
 
 
@@ -199,7 +184,10 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     if int(config.train.warm_start_steps) > 0:
         c = _sub(config, "sft", "warm_start")
         c.train.steps = int(config.train.warm_start_steps)
-        s = _run_once(c, sft.run, f"{c.train.steps} steps on the golden trajectories")
+        s = _run_once(
+            c, functools.partial(sft.run, name="warm_start"),
+            f"{c.train.steps} steps on the golden trajectories",
+        )  # fmt: skip
         arms["warm_start"] = _stage1_row(s)
         start = s["export"]
     for stage in ("sft", "rctp"):
@@ -209,17 +197,13 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         if stage == "rctp" and config.rctp.train_steps > 0:
             c.train.steps = int(config.rctp.train_steps)  # e.g. the same epochs over more data
         what = f"{c.train.steps} steps from {'the warm start' if start else 'the base'}"
-        arms[stage] = _stage1_row(_run_once(c, sft.run, what))
+        arms[stage] = _stage1_row(_run_once(c, functools.partial(sft.run, name=stage), what))
     for name, init, algo, overrides in RL_ARMS:
         init_from = str(workdir / init / "export")
         c = _sub(config, algo, name, init_from=init_from, **overrides)
-        _run_once(c, rl_loop.run, f"{c.rl.steps} iterations from {init}")
-        arms[name] = stats = _rl_stats(Path(c.workdir))
-        print(
-            f"{name}: held-out success {stats['heldout_success']:.1%}, "
-            f"degenerate groups {stats['degenerate_frac']:.1%}",
-            flush=True,
-        )
+        run = functools.partial(rl_loop.run, name=name)
+        _run_once(c, run, f"{c.rl.steps} iterations from {init}")
+        arms[name] = rl_loop.run_stats(Path(c.workdir))
 
     runs = {name: workdir / name / "metrics.jsonl" for name, *_ in RL_ARMS}
     plots.plot_metrics(runs, DYNAMICS, workdir / "dynamics.png")

@@ -40,6 +40,7 @@ import contextlib
 import dataclasses
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -57,7 +58,7 @@ from rcgrpo_jax.rl.train_step import NEXT_TOKENS, make_rl_step, sequence_logprob
 from rcgrpo_jax.stages import setup
 from rcgrpo_jax.stages.eval import success_rate
 from rcgrpo_jax.train import plots
-from rcgrpo_jax.train.metrics import JsonlLog, MetricsWriter, writing
+from rcgrpo_jax.train.metrics import JsonlLog, MetricsWriter, read_jsonl, writing
 from rcgrpo_jax.train.state import batch_sharding
 
 DYNAMICS_KEYS = ("reward_mean", "degenerate_frac", "entropy")
@@ -89,8 +90,9 @@ def reward_tokens_for(
     draw: TokenDraw, iteration: int, num: int | None = None, rnd: int = 0
 ) -> np.ndarray:
     """[num (default P), G] reward tokens of one iteration's round `rnd`, drawn on the host by
-    the program the fused step runs for the next iteration's."""
-    return np.asarray(draw_reward_tokens_jit(draw, iteration, rnd, num))
+    the program the fused step runs for the next iteration's (the draw's values as inputs, as
+    there: one program for every arm)."""
+    return np.asarray(draw_reward_tokens_jit(draw.shape(), iteration, rnd, num, draw.inputs()))
 
 
 def prompts_for(
@@ -147,7 +149,24 @@ def _global(x: np.ndarray, mesh) -> jax.Array:
     return distributed.global_from_host(x, batch_sharding(mesh, x.shape))
 
 
-def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def run_stats(workdir: Path) -> dict[str, float]:
+    """Over an RL run (its metrics.jsonl): mean degenerate-group fraction, entropy and reward,
+    and the last held-out success."""
+    rows = read_jsonl(workdir / "metrics.jsonl")
+    evals = [r["eval_success"] for r in rows if r.get("eval_success") is not None]
+    # a value is null (NaN) in an iteration without an update (dynamic sampling found no group)
+    values = lambda k: [r[k] for r in rows if r.get(k) is not None]
+    mean = lambda k: float(np.mean(values(k))) if values(k) else float("nan")
+    return {
+        "heldout_success": evals[-1] if evals else float("nan"),
+        "degenerate_frac": mean("degenerate_frac"),
+        "entropy": mean("entropy"),
+        "reward_mean": mean("reward_mean"),
+    }
+
+
+def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
+    """Runs the stage; its end line starts with `name` (default: the stage's)."""
     algo = config.stage
     if algo not in ("grpo", "rcgrpo"):
         raise UserError(f"stages.rl runs stages grpo/rcgrpo, not {algo!r}")
@@ -170,7 +189,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     tokens_draw = token_draw(algo, rl, config.seed)
     step_fn = make_rl_step(
         cfg, objective, t.optimizer, tokens=tokens_draw, mesh=mesh, shardings=t.shardings,
-        grad_accum=optim_cfg.grad_accum, schedule=t.schedule,
+        grad_accum=optim_cfg.grad_accum, schedule=t.schedule, key=optim_cfg,
     )  # fmt: skip
     settings = RolloutSettings(
         chat_format=config.model.chat_format, max_new_tokens=int(rl.max_new_tokens),
@@ -287,7 +306,12 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             plots.plot_metrics(
                 {algo: workdir / "metrics.jsonl"}, DYNAMICS_KEYS, workdir / "dynamics.png"
             )
-    setup.finish(t, state.params, summary)
+    stats = run_stats(workdir) if main else {}
+    line = main and (
+        f"{name or algo}: held-out success {stats['heldout_success']:.1%}, "
+        f"degenerate groups {stats['degenerate_frac']:.1%}"
+    )
+    setup.finish(t, state.params, summary, line or "")
     return summary
 
 

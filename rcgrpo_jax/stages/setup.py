@@ -137,24 +137,28 @@ def ensure_reward_tokens(cfg, params, tokenizer, mesh=None):
 @dataclasses.dataclass(frozen=True)
 class Start:
     """What a training stage starts from: its workdir, the mesh, the tokenizer and the initial
-    model (cfg, params)."""
+    model (cfg, params); `span` times the stage from here (wall and compile seconds)."""
 
     workdir: Path
     mesh: Any
     tokenizer: Any
     cfg: Any  # models.ModelConfig
     params: Any
+    span: Any = None  # compilation.Span
 
 
 def start(config: ml_collections.ConfigDict, init_from: str = "") -> Start:
     """The workdir (created), mesh, tokenizer and model; `init_from` (an HF directory, e.g. a
     previous stage's export) replaces model.hf_path for both the model and the tokenizer."""
+    from rcgrpo_jax import compilation
+
+    span = compilation.Span()
     path = Path(config.workdir)
     path.mkdir(parents=True, exist_ok=True)
     mesh = mesh_from_config(config)
     tokenizer = tokenizer_from_config(config, init_from)
     cfg, params = model_from_config(config, mesh, hf_path=init_from)
-    return Start(path, mesh, tokenizer, cfg, params)
+    return Start(path, mesh, tokenizer, cfg, params, span)
 
 
 def with_reward_tokens(s: Start) -> Start:
@@ -182,6 +186,7 @@ class Training:
     checkpointer: Any  # train.checkpoint.Checkpointer
     state: Any  # train.state.TrainState
     data_state: dict
+    span: Any = None  # compilation.Span: since the stage's start
 
     @property
     def export_dir(self) -> Path:
@@ -216,20 +221,21 @@ def training(
     )
     target = abstract_train_state(optimizer, models.param_shapes(s.cfg), shardings)
     fresh = lambda: init_train_state(
-        s.params, optimizer, config.seed, mesh=s.mesh, param_shardings=psh
+        s.params, optimizer, config.seed, mesh=s.mesh, param_shardings=psh, key=optim
     )
     state, data_state = restore_or_init(ckpt, target, fresh, data_iter)
     return Training(
         s.workdir, s.mesh, s.tokenizer, s.cfg, optim, optimizer, make_schedule(optim),
-        shardings, ckpt, state, data_state,
+        shardings, ckpt, state, data_state, s.span,
     )  # fmt: skip
 
 
-def finish(t: Training, params: Any, summary: dict[str, Any]) -> None:
+def finish(t: Training, params: Any, summary: dict[str, Any], line: str = "") -> None:
     """Exports `params` with the tokenizer as an HF directory (`t.export_dir`) and writes
-    `summary` as `<workdir>/summary.json`, which marks the stage done. Every process takes part in
-    gathering params sharded over several; process 0 alone writes; every process returns once
-    the outputs exist."""
+    `summary` as `<workdir>/summary.json`, which marks the stage done, with the stage's wall
+    and compile time (`time`); prints `line`, the stage's one end line, followed by that time.
+    Every process takes part in gathering params sharded over several; process 0 alone writes;
+    every process returns once the outputs exist."""
     from rcgrpo_jax import distributed, models
     from rcgrpo_jax.train.metrics import write_atomic, writing
 
@@ -237,8 +243,12 @@ def finish(t: Training, params: Any, summary: dict[str, Any]) -> None:
     if distributed.is_main_process():
         with writing(t.export_dir):
             models.save_hf(t.export_dir, t.cfg, final, tokenizer=t.tokenizer)
+        if t.span is not None:
+            summary = {**summary, "time": t.span.summary()}
         text = json.dumps(summary, indent=1, default=str) + "\n"
         write_atomic(t.workdir / "summary.json", text)
+        if line:
+            print(f"{line}; {t.span.describe()}" if t.span is not None else line, flush=True)
     distributed.barrier("rcgrpo_stage_outputs")
 
 

@@ -96,7 +96,8 @@ def too_long_message(config: ml_collections.ConfigDict, length: int, workdir: Pa
     )
 
 
-def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
+    """Runs the stage; its end line starts with `name` (default: the stage's)."""
     stage = config.stage
     if stage not in ("sft", "rctp"):
         raise UserError(f"stages.sft runs stages sft/rctp, not {stage!r}")
@@ -128,7 +129,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     cfg = t.cfg
     step_fn = make_train_step(
         make_sft_loss(cfg), t.optimizer, mesh=t.mesh, shardings=t.shardings,
-        grad_accum=t.optim.grad_accum, schedule=t.schedule,
+        grad_accum=t.optim.grad_accum, schedule=t.schedule, key=("sft", cfg, t.optim),
     )  # fmt: skip
     with MetricsWriter(
         workdir,
@@ -150,6 +151,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         "data": report["splits"], "final_loss": history[-1]["loss"] if history else None,
         "skipped_updates": int(state.skipped),
     }  # fmt: skip
+    line = f"{name or stage}: {int(state.step)} steps"
     n_eval = int(config.rctp.eval_entries)
     if n_eval:
         heldout = setup.task_entries(config, "test")[:n_eval]
@@ -163,6 +165,6 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         got = (
             ", ".join(f"{k} {v:.1%}" for k, v in rates.items()) if rctp else f"{rates['none']:.1%}"
         )
-        print(f"{stage}: held-out success {got} on {len(heldout)} entries", flush=True)
-    setup.finish(t, state.params, summary)
+        line = f"{name or stage}: held-out success {got} on {len(heldout)} entries"
+    setup.finish(t, state.params, summary, line)
     return summary

@@ -29,6 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from rcgrpo_jax import compilation
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.models import ModelConfig
 
@@ -157,7 +158,9 @@ def _scalar(v: Any) -> float | int | str | None:
 class MetricsWriter:
     """`write(step, metrics)` appends one JSON object per call to `<workdir>/metrics.jsonl`, logs
     every numeric value to TensorBoard under `<workdir>/tb`, and refreshes the progress bar with
-    `bar_keys`. Use as a context manager or call `close()`.
+    `bar_keys`. Each record also gets `compile_s`: the seconds spent making XLA programs since
+    the previous record (or since the writer was made), which the record's own times include.
+    Use as a context manager or call `close()`.
 
     Resuming at `initial_step`: records of later steps (written before a kill, not covered by the
     restored checkpoint) are dropped; the records kept are `previous`."""
@@ -177,6 +180,7 @@ class MetricsWriter:
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.workdir = Path(workdir)
         self.bar_keys = tuple(bar_keys)
+        self._compile = compilation.stats()
         self._jsonl = self._tb = self._bar = None
         self.previous: list[dict[str, Any]] = []
         if not self.enabled:
@@ -197,6 +201,9 @@ class MetricsWriter:
         """Logs one step; returns the JSON record written (values as Python scalars)."""
         record = {"step": int(step), "time": time.time()}
         record.update({k: _scalar(v) for k, v in metrics.items()})
+        now = compilation.stats()
+        record.setdefault("compile_s", round(now.seconds - self._compile.seconds, 3))
+        self._compile = now
         if not self.enabled:
             return record
         self._jsonl.append(record)

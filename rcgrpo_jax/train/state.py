@@ -19,7 +19,7 @@ summed over microbatches, keys ending in `_max` take the maximum; every other au
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import flax.struct
@@ -86,11 +86,37 @@ def state_shardings(
     )
 
 
+# Jitted programs shared by every caller with the same settings (`_shared`): one program per
+# shape and process, however many stages, arms or iterations build "their" step.
+_PROGRAMS: dict[Hashable, Any] = {}
+
+
+def _shared(key: Hashable | None, make: Callable[[], Any]) -> Any:
+    """`make()`'s jitted function, made once per `key` (None: a new one every call)."""
+    if key is None:
+        return make()
+    if key not in _PROGRAMS:
+        _PROGRAMS[key] = make()
+    return _PROGRAMS[key]
+
+
+def _tree_key(tree: Any) -> tuple:
+    """A hashable stand-in for a pytree of shardings (its structure and leaves)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return (treedef, tuple(leaves))
+
+
 def make_init_state(
-    optimizer: optax.GradientTransformation, *, mesh: Mesh, param_shardings: Any, params_like: Any
+    optimizer: optax.GradientTransformation,
+    *,
+    mesh: Mesh,
+    param_shardings: Any,
+    params_like: Any,
+    key: Hashable | None = None,
 ) -> Callable[[Any, int | jax.Array], TrainState]:
     """A jitted `(params, seed) -> TrainState` placed on `state_shardings` (compiled once; call
-    it for every fresh state of the same configuration)."""
+    it for every fresh state of the same configuration). `key`: what determines `optimizer`
+    (e.g. its `OptimConfig`); every call with an equal key and shardings shares one program."""
     shardings = state_shardings(optimizer, param_shardings, mesh, params_like)
 
     def init(p, raw_key):
@@ -102,7 +128,11 @@ def make_init_state(
             skipped=jnp.zeros((), jnp.int32),
         )
 
-    jitted = jax.jit(init, in_shardings=(param_shardings, None), out_shardings=shardings)
+    program = None if key is None else ("init", key, mesh, _tree_key(shardings))
+    jitted = _shared(
+        program,
+        lambda: jax.jit(init, in_shardings=(param_shardings, None), out_shardings=shardings),
+    )
 
     def fn(params: Any, seed: int | jax.Array) -> TrainState:
         key = seed if isinstance(seed, jax.Array) else jax.random.key(int(seed))
@@ -121,10 +151,12 @@ def init_train_state(
     *,
     mesh: Mesh,
     param_shardings: Any,
+    key: Hashable | None = None,
 ) -> TrainState:
-    """Fresh state (step 0, optimizer init, rng from `seed`) on `state_shardings`."""
+    """Fresh state (step 0, optimizer init, rng from `seed`) on `state_shardings`; `key` as
+    `make_init_state`'s."""
     init = make_init_state(
-        optimizer, mesh=mesh, param_shardings=param_shardings, params_like=params
+        optimizer, mesh=mesh, param_shardings=param_shardings, params_like=params, key=key
     )
     return init(params, seed)
 
@@ -238,6 +270,8 @@ def make_train_step(
     schedule: optax.Schedule | None = None,
     donate: bool = True,
     outputs: Callable[[Batch], Mapping[str, jax.Array]] | None = None,
+    inputs: Mapping[str, Any] | None = None,
+    key: Hashable | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """One jitted, sharded step: loss/grads (scan over microbatches) → skip-or-apply update.
 
@@ -245,7 +279,14 @@ def make_train_step(
     host-local numpy batch (or global jax arrays) and returns (new_state, metrics) where metrics
     holds loss, grad_norm, skipped (cumulative), update_skipped (this step), tokens, lr and the
     loss_fn's aux values, all replicated scalars; and whatever `outputs(batch)` computes in the
-    same program (replicated arrays of any shape: the RL step's next reward tokens).
+    same program (replicated arrays of any shape: the RL step's next reward tokens). `inputs`:
+    scalars added to every batch (run-time settings that would otherwise be baked into the
+    program, such as the RL step's reward-token draw).
+
+    `key`: the settings that determine `loss_fn`, `optimizer`, `schedule` and `outputs` (e.g.
+    the model config, the objective and the `OptimConfig`). Steps made with an equal key, mesh,
+    shardings, grad_accum and donation share one jitted function, so stages and arms with the
+    same settings compile each shape once per process. None: a program of its own.
     """
 
     def step_fn(state: TrainState, batch: Batch):
@@ -280,18 +321,23 @@ def make_train_step(
         return new_state, metrics
 
     rep = _replicated(mesh)
-    jitted = jax.jit(
-        step_fn,
-        in_shardings=(shardings, None),  # None: the batch keeps the sharding shard_batch gave it
-        out_shardings=(shardings, rep),
-        donate_argnums=(0,) if donate else (),
+    program = None if key is None else ("step", key, mesh, _tree_key(shardings), grad_accum, donate)
+    jitted = _shared(
+        program,
+        lambda: jax.jit(
+            step_fn,
+            in_shardings=(shardings, None),  # None: the batch keeps shard_batch's sharding
+            out_shardings=(shardings, rep),
+            donate_argnums=(0,) if donate else (),
+        ),
     )
+    extra = shard_batch(inputs, mesh) if inputs else {}
 
     def step(state: TrainState, batch: Batch):
         if not all(isinstance(v, jax.Array) for v in batch.values()):
             batch = shard_batch(batch, mesh)
         with msharding.use_mesh(mesh):
-            return jitted(state, batch)
+            return jitted(state, {**batch, **extra})
 
     step.jitted = jitted  # for lowering / cost inspection / compile-count checks
     return step
