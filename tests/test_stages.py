@@ -247,7 +247,11 @@ def test_all_killed_in_a_middle_arm_resumes_exactly(run_all, tmp_path):
         ref, workdir, ignore=lambda d, names: later & set(names) if d == str(ref) else ()
     )
     arm = workdir / "rctp_rcgrpo"
-    delay = random.Random(kill_seed()).uniform(0.0, 0.8)
+    # within the first half of what the reference arm took from its first logged iteration to
+    # its summary (with warm compilation caches that is well under a second)
+    first = read_jsonl(ref / "rctp_rcgrpo" / "metrics.jsonl")[0]["time"]
+    window = (ref / "rctp_rcgrpo" / "summary.json").stat().st_mtime - first
+    delay = random.Random(kill_seed()).uniform(0.0, 0.5 * window)
     run_and_kill(workdir, lambda: lines(arm / "metrics.jsonl") >= 1, delay)
     print(f"killed {delay:.2f} s after the middle arm's first iteration: {left_behind(arm)}")
     assert not (arm / "summary.json").exists() and not (workdir / "rctp_grpo").exists()
