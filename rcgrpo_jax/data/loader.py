@@ -15,9 +15,9 @@ import grain
 import jax
 import numpy as np
 
-from rcgrpo_jax.data.packing import pack_examples
+from rcgrpo_jax.data.packing import loss_index, pack_examples
 
-ROW_FIELDS = ("tokens", "loss_mask", "segments", "positions")
+ROW_FIELDS = ("tokens", "loss_mask", "segments", "positions", "loss_index")
 
 
 def _shard(ds: grain.MapDataset, shard_index: int | None, shard_count: int | None):
@@ -62,7 +62,9 @@ def packed_rows(
 ) -> grain.MapDataset:
     """All (kept) examples packed into [row_len] rows, in a seed-shuffled order, as a
     MapDataset of row dicts. Packing is done once, in memory — fine for trajectory datasets of
-    thousands of examples — so the row set is fixed and iterator state is a plain index."""
+    thousands of examples — so the row set is fixed and iterator state is a plain index. Each
+    row carries its `loss_index`, of one K for the whole row set (before per-host sharding):
+    every batch of every host has the same shape, so a stage compiles one step."""
     order = np.random.default_rng(seed).permutation(len(source))
     examples = []
     for i in order:
@@ -72,6 +74,7 @@ def packed_rows(
     if not examples:
         raise ValueError("no examples left to pack")
     packed = pack_examples(examples, row_len, pad_id=pad_id)
+    packed["loss_index"] = loss_index(packed["loss_mask"])
     rows = [{k: packed[k][r] for k in ROW_FIELDS} for r in range(packed["tokens"].shape[0])]
     return grain.MapDataset.source(rows)
 
@@ -109,8 +112,9 @@ def train_loader(
     shard_index: int | None = None,
     shard_count: int | None = None,
 ) -> grain.IterDataset:
-    """SFT/RCTP batches {tokens, loss_mask, segments, positions} [batch_size, row_len] of packed
-    rows for this host. `filter_fn` keeps e.g. only label==1 for plain SFT."""
+    """SFT/RCTP batches {tokens, loss_mask, segments, positions} [batch_size, row_len] and
+    loss_index [batch_size, K] of packed rows for this host. `filter_fn` keeps e.g. only
+    label==1 for plain SFT."""
     rows = packed_rows(source, row_len, seed=seed, filter_fn=filter_fn)
     return batched_iter(
         rows,

@@ -2,7 +2,8 @@
 
 The rows carry the batch layout the losses read (`train.losses`): tokens, loss_mask, segments
 (1, 2, ... per example in a row, 0 = padding) and positions (restarting at 0 per segment).
-Examples are never split or truncated.
+Examples are never split or truncated. `loss_index` adds the positions the loss reads, so the
+head runs only there (`models.token_logprobs(at=...)`; the RL rollout batch uses it too).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from rcgrpo_jax.sampling.session import length_bucket
 
 
 def bucket_length(n: int, buckets: Sequence[int]) -> int:
@@ -104,3 +107,18 @@ def pad_examples(
         out["segments"][r, :n] = 1
         out["positions"][r, :n] = np.arange(n)
     return out
+
+
+def loss_index(loss_mask: np.ndarray) -> np.ndarray:
+    """[..., K] int32: per row, the positions t >= 1 with loss_mask[..., t] > 0 in ascending
+    order, then 0s. K is the `length_bucket` of the largest per-row count (at most T), one K for
+    the whole array, so a loader or an RL iteration builds one program, and a run few.
+
+    Padding points at position 0, which nothing predicts: the losses drop it (their mask is 0
+    there) whatever loss_mask, old or reference log-probs hold at 0."""
+    mask = np.asarray(loss_mask) > 0
+    mask[..., :1] = False
+    t = mask.shape[-1]
+    k = min(length_bucket(max(int(mask.sum(-1).max(initial=0)), 1)), t)
+    order = np.argsort(~mask, axis=-1, kind="stable")[..., :k]  # loss positions first, in order
+    return np.where(np.take_along_axis(mask, order, -1), order, 0).astype(np.int32)

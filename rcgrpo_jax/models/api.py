@@ -125,8 +125,15 @@ def token_logprobs(
     segments: jax.Array,
     *,
     chunk: int = 512,
+    at: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(log p(tokens[:, t+1] | <= t), entropy at t, valid) — each [B, T-1], float32.
+
+    With `at` [B, K] int32 target positions (into the T axis of `tokens`), the three are [B, K]
+    for the targets tokens[b, at[b, k]] instead: only the K hidden states that predict them are
+    gathered before the head, which is what a loss over a few hundred of T positions needs (the
+    head is the largest single cost at a 152k vocabulary). Position 0 has no prediction: its
+    entries are not `valid` (index padding points there, `data.packing.loss_index`).
 
     The head runs over `chunk` positions at a time (fewer when the logits would pass
     `head_chunk`'s byte bound) under `jax.checkpoint`, so neither the forward nor the backward
@@ -137,7 +144,28 @@ def token_logprobs(
     """
     mask = decoder.self_attention_mask(cfg, segments)
     hidden, _ = decoder.forward_hidden(cfg, params, tokens, positions, mask)
-    hidden, targets = hidden[:, :-1], tokens[:, 1:].astype(jnp.int32)
+    tokens = tokens.astype(jnp.int32)
+    if at is None:
+        hidden, targets = hidden[:, :-1], tokens[:, 1:]
+        seg, prev = segments[:, 1:], segments[:, :-1]
+    else:
+        at = at.astype(jnp.int32)
+        src = jnp.maximum(at - 1, 0)  # the position whose hidden state predicts the target
+        hidden = jnp.take_along_axis(hidden, src[..., None], axis=1)
+        targets = jnp.take_along_axis(tokens, at, axis=1)
+        seg, prev = (jnp.take_along_axis(segments, i, axis=1) for i in (at, src))
+    logp, ent = _head_logprobs(cfg, params, hidden, targets, chunk)
+    valid = (seg == prev) & (seg > 0)
+    if at is not None:
+        valid &= at > 0
+    return logp, ent, valid
+
+
+def _head_logprobs(
+    cfg: ModelConfig, params: Params, hidden: jax.Array, targets: jax.Array, chunk: int
+) -> tuple[jax.Array, jax.Array]:
+    """(log p(targets), entropy), each [B, N], of the head over hidden states [B, N, E], in
+    checkpointed chunks of positions when N is over one chunk (`token_logprobs`)."""
     b, t, e = hidden.shape
     head = decoder.head_weights(cfg, params).astype(cfg.compute_dtype)
     chunk = head_chunk(cfg, b, chunk)
@@ -150,18 +178,16 @@ def token_logprobs(
 
     n = -(-t // chunk)
     if n == 1:
-        logp, ent = one(hidden, targets)
-    else:
-        chunk = -(-t // n)  # as even as n chunks allow: at most n - 1 padded positions
-        pad = n * chunk - t
-        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, e)
-        targets = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk)
-        xs = (jnp.swapaxes(hidden, 0, 1), targets.swapaxes(0, 1))
-        _, (logp, ent) = jax.lax.scan(lambda _, x: (None, jax.checkpoint(one)(*x)), None, xs)
-        logp = jnp.swapaxes(logp, 0, 1).reshape(b, n * chunk)[:, :t]
-        ent = jnp.swapaxes(ent, 0, 1).reshape(b, n * chunk)[:, :t]
-    valid = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
-    return logp, ent, valid
+        return one(hidden, targets)
+    chunk = -(-t // n)  # as even as n chunks allow: at most n - 1 padded positions
+    pad = n * chunk - t
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, e)
+    targets = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk)
+    xs = (jnp.swapaxes(hidden, 0, 1), targets.swapaxes(0, 1))
+    _, (logp, ent) = jax.lax.scan(lambda _, x: (None, jax.checkpoint(one)(*x)), None, xs)
+    logp = jnp.swapaxes(logp, 0, 1).reshape(b, n * chunk)[:, :t]
+    ent = jnp.swapaxes(ent, 0, 1).reshape(b, n * chunk)[:, :t]
+    return logp, ent
 
 
 @functools.partial(jax.jit, static_argnums=0)

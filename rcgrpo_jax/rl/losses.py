@@ -9,6 +9,8 @@ Batch (all leading dims [P, G]; P prompts × G rollouts):
 - reward_token [P, G]: HIGH / LOW / NONE — only for metrics.
 - group_mask [P] (optional, default all 1): 0 on a padding group, which then counts nowhere (no
   token, no group statistic): dynamic sampling keeps the step's shape at P groups with it.
+- loss_index [P, G, K] (optional, `data.packing.loss_index`): the positions of the generated
+  tokens (then 0s); the head runs only there and the per-token inputs are gathered to match.
 """
 
 from __future__ import annotations
@@ -78,11 +80,19 @@ class Objective:
 
 
 def logprobs_and_entropy(
-    cfg: ModelConfig, params: Any, tokens: jax.Array, positions: jax.Array, segments: jax.Array
+    cfg: ModelConfig,
+    params: Any,
+    tokens: jax.Array,
+    positions: jax.Array,
+    segments: jax.Array,
+    at: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Per-token log p(tokens[t] | < t) and the policy entropy at t, both [B, T] (0 at t = 0),
-    aligned with the rollout's tokens / loss mask / old log-probs."""
-    logp, entropy, _ = models.token_logprobs(cfg, params, tokens, positions, segments)
+    aligned with the rollout's tokens / loss mask / old log-probs; with `at` [B, K], both [B, K]
+    at those positions only (`models.token_logprobs`)."""
+    logp, entropy, _ = models.token_logprobs(cfg, params, tokens, positions, segments, at=at)
+    if at is not None:
+        return logp, entropy
     pad = jnp.zeros_like(logp[:, :1])
     return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, entropy], 1)
 
@@ -90,13 +100,16 @@ def logprobs_and_entropy(
 def policy_loss(
     cfg: ModelConfig, objective: Objective, params: Any, batch: Mapping[str, jax.Array]
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """`objective_loss` of the policy's current log-probs of the rollouts."""
-    p, g, t = batch["tokens"].shape
+    """`objective_loss` of the policy's current log-probs of the rollouts (at `loss_index`
+    alone when the batch has it)."""
+    p, g, _ = batch["tokens"].shape
     flat = lambda x: x.reshape(p * g, *x.shape[2:])
+    at = batch.get("loss_index")
     logp, entropy = logprobs_and_entropy(
-        cfg, params, flat(batch["tokens"]), flat(batch["positions"]), flat(batch["segments"])
-    )
-    return objective_loss(objective, logp.reshape(p, g, t), entropy.reshape(p, g, t), batch)
+        cfg, params, flat(batch["tokens"]), flat(batch["positions"]), flat(batch["segments"]),
+        None if at is None else flat(at),
+    )  # fmt: skip
+    return objective_loss(objective, logp.reshape(p, g, -1), entropy.reshape(p, g, -1), batch)
 
 
 def objective_loss(
@@ -104,26 +117,35 @@ def objective_loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped surrogate (+ β·k3 KL) of log-probs `logp` [P, G, T] with group advantages
     computed here from the rewards; the objective picks the advantage's scale, the ratio (per
-    token or per sequence) and how the per-token terms are aggregated."""
-    p, g, t = logp.shape
+    token or per sequence) and how the per-token terms are aggregated.
+
+    With batch["loss_index"] [P, G, K], `logp` and `entropy` are [P, G, K] at those positions,
+    and loss_mask / old / ref log-probs [P, G, T] are gathered there: every sum runs over the
+    same tokens, so each value (per sequence too) is the full [P, G, T] computation's."""
+    p, g, _ = logp.shape
+    t = batch["loss_mask"].shape[-1]
+    index = batch.get("loss_index")
+    at = (lambda x: x) if index is None else (lambda x: jnp.take_along_axis(x, index, -1))
     groups = batch.get("group_mask", jnp.ones((p,), jnp.float32)).astype(jnp.float32)
-    mask = batch["loss_mask"].astype(jnp.float32) * groups[:, None, None]
-    mask = mask.at[..., 0].set(0.0)  # nothing predicts the first token
+    mask = at(batch["loss_mask"]).astype(jnp.float32) * groups[:, None, None]
+    # nothing predicts the first token (the index's padding points there)
+    mask = mask.at[..., 0].set(0.0) if index is None else jnp.where(index > 0, mask, 0.0)
+    old = at(batch["old_logprobs"])
     pieces = objective.pieces
     n_tok = jnp.sum(mask)
     seq_tok = jnp.sum(mask, axis=-1)
 
     adv = group_advantages(batch["rewards"], objective.adv_eps, pieces.normalize_std)[..., None]
     if pieces.sequence_ratio:  # s_i = exp(mean_t (logp - old)), the same for all of i's tokens
-        log_s = jnp.sum((logp - batch["old_logprobs"]) * mask, -1) / jnp.maximum(seq_tok, 1.0)
+        log_s = jnp.sum((logp - old) * mask, -1) / jnp.maximum(seq_tok, 1.0)
         ratio = jnp.broadcast_to(jnp.exp(log_s)[..., None], logp.shape)
     else:
-        ratio = jnp.exp(logp - batch["old_logprobs"])
+        ratio = jnp.exp(logp - old)
     clipped = jnp.clip(ratio, 1.0 - objective.clip_low, 1.0 + objective.clip_high)
     per_token = -jnp.minimum(ratio * adv, clipped * adv)
     kl = jnp.zeros_like(per_token)
     if objective.kl_beta > 0:
-        log_r = batch["ref_logprobs"] - logp
+        log_r = at(batch["ref_logprobs"]) - logp
         kl = jnp.exp(log_r) - log_r - 1.0  # k3: unbiased, non-negative estimate of KL(π || ref)
         per_token = per_token + objective.kl_beta * kl
 
@@ -148,7 +170,7 @@ def objective_loss(
     is_clipped = clipped * adv < ratio * adv
     # rollout-trainer agreement, over generated tokens: in an iteration's first update the params
     # are the sampler's, so |logp - old| is their numerical disagreement alone
-    gap = jnp.abs(logp - batch["old_logprobs"])
+    gap = jnp.abs(logp - old)
     on_mask = lambda x: jnp.where(mask > 0, x, 0.0)  # 0 on no token: below every real value
     aux = {
         "weight": weight,

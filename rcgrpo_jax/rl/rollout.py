@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from rcgrpo_jax import distributed
+from rcgrpo_jax.data.packing import loss_index
 from rcgrpo_jax.envs import Environment, Episode, EpisodeSettings, prompts
 from rcgrpo_jax.envs.executor import CALL_TIMEOUT_S
 from rcgrpo_jax.envs.reward import ENV_ERROR, RewardResult
@@ -77,7 +78,8 @@ class Rollouts:
         return np.broadcast_to(np.arange(self.tokens.shape[-1], dtype=np.int32), self.tokens.shape)
 
     def batch(self) -> dict[str, np.ndarray]:
-        """The fused train step's inputs."""
+        """The fused train step's inputs, with the `loss_index` [P, G, K] of the sampled tokens:
+        one K for all of these groups, so every minibatch of the iteration's update has it."""
         return {
             "tokens": self.tokens,
             "positions": np.ascontiguousarray(self.positions),
@@ -86,6 +88,7 @@ class Rollouts:
             "old_logprobs": self.old_logprobs,
             "rewards": self.rewards,
             "reward_token": self.reward_token,
+            "loss_index": loss_index(self.loss_mask),
         }
 
 

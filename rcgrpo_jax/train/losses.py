@@ -7,6 +7,8 @@ Batch layout (all [B, T], host numpy or jax arrays):
 - positions: restart at 0 at the start of each segment.
 - loss_weight (optional, [B]): per-row multiplier of the token losses (source weighting; a NaN
   here is also the clean way to inject a non-finite loss in tests).
+- loss_index (optional, [B, K], `data.packing.loss_index`): the positions of the loss tokens
+  (then 0s); the head then runs only there.
 
 Token t+1 is a target of position t only when both lie in the same non-zero segment, so packed
 examples never predict across their boundary.
@@ -30,10 +32,12 @@ def target_logprobs(
     tokens: jax.Array,
     positions: jax.Array,
     segments: jax.Array,
+    at: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """(log p(tokens[:, t+1] | ≤ t) [B, T-1] float32, valid [B, T-1] bool same-segment targets),
-    from `models.token_logprobs` (the head is applied in chunks; the RL loss uses it too)."""
-    logp, _, valid = models.token_logprobs(cfg, params, tokens, positions, segments)
+    from `models.token_logprobs` (the head is applied in chunks; the RL loss uses it too); with
+    `at` [B, K], both [B, K] for the targets tokens[:, at]."""
+    logp, _, valid = models.token_logprobs(cfg, params, tokens, positions, segments, at=at)
     return logp, valid
 
 
@@ -41,11 +45,15 @@ def masked_nll(
     cfg: ModelConfig, params: Any, batch: Mapping[str, jax.Array]
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Mean NLL over loss tokens: sum(mask·w·nll) / sum(mask). aux has tokens (= the divisor,
-    also the microbatch `weight`), and the unweighted sum for exact per-example comparisons."""
+    also the microbatch `weight`), and the unweighted sum for exact per-example comparisons.
+    With `loss_index`, the same sums over the indexed targets alone."""
+    index = batch.get("loss_index")
     logp, valid = target_logprobs(
-        cfg, params, batch["tokens"], batch["positions"], batch["segments"]
+        cfg, params, batch["tokens"], batch["positions"], batch["segments"], index
     )
-    mask = (batch["loss_mask"][:, 1:] > 0) & valid
+    loss_mask = jnp.asarray(batch["loss_mask"])
+    targets = loss_mask[:, 1:] if index is None else jnp.take_along_axis(loss_mask, index, 1)
+    mask = (targets > 0) & valid
     nll = -logp
     if "loss_weight" in batch:
         nll = nll * batch["loss_weight"].astype(jnp.float32)[:, None]
