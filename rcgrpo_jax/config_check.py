@@ -195,6 +195,7 @@ RULES: dict[str, Rule] = {
     "compile.cache_dir": text,
     "mesh.shape": mesh_shape,
     "model.hf_path": existing_path,
+    "model.gather_head": boolean,
     "model.dtype": choice(DTYPES),
     "model.param_dtype": choice(DTYPES),
     "model.remat": lambda v: choice(_remat())(v),

@@ -248,6 +248,9 @@ def test_sft_loader_one_k_for_every_batch_and_host():
             assert b["loss_index"].shape == (2, k)
             for idx, m in zip(b["loss_index"], b["loss_mask"], strict=True):
                 np.testing.assert_array_equal(idx[idx > 0], np.flatnonzero(m[1:]) + 1)
+    # model.gather_head=False: the plain rows, and the loss runs the head everywhere
+    off = iter(loader.train_loader(examples, batch_size=2, row_len=T, seed=0, gather_head=False))
+    assert set(next(off)) == set(loader.ROW_FIELDS)
 
 
 def test_rl_iteration_one_k_for_every_minibatch(params):

@@ -17,7 +17,7 @@ import numpy as np
 
 from rcgrpo_jax.data.packing import loss_index, pack_examples
 
-ROW_FIELDS = ("tokens", "loss_mask", "segments", "positions", "loss_index")
+ROW_FIELDS = ("tokens", "loss_mask", "segments", "positions")
 
 
 def _shard(ds: grain.MapDataset, shard_index: int | None, shard_count: int | None):
@@ -59,12 +59,14 @@ def packed_rows(
     seed: int,
     filter_fn: Callable[[Mapping[str, Any]], bool] | None = None,
     pad_id: int = 0,
+    gather_head: bool = True,
 ) -> grain.MapDataset:
     """All (kept) examples packed into [row_len] rows, in a seed-shuffled order, as a
     MapDataset of row dicts. Packing is done once, in memory — fine for trajectory datasets of
-    thousands of examples — so the row set is fixed and iterator state is a plain index. Each
-    row carries its `loss_index`, of one K for the whole row set (before per-host sharding):
-    every batch of every host has the same shape, so a stage compiles one step."""
+    thousands of examples — so the row set is fixed and iterator state is a plain index. With
+    `gather_head`, each row carries its `loss_index` (the loss applies the head there only), of
+    one K for the whole row set (before per-host sharding): every batch of every host has the
+    same shape, so a stage compiles one step."""
     order = np.random.default_rng(seed).permutation(len(source))
     examples = []
     for i in order:
@@ -74,8 +76,10 @@ def packed_rows(
     if not examples:
         raise ValueError("no examples left to pack")
     packed = pack_examples(examples, row_len, pad_id=pad_id)
-    packed["loss_index"] = loss_index(packed["loss_mask"])
-    rows = [{k: packed[k][r] for k in ROW_FIELDS} for r in range(packed["tokens"].shape[0])]
+    fields = ROW_FIELDS
+    if gather_head:
+        packed["loss_index"], fields = loss_index(packed["loss_mask"]), (*fields, "loss_index")
+    rows = [{k: packed[k][r] for k in fields} for r in range(packed["tokens"].shape[0])]
     return grain.MapDataset.source(rows)
 
 
@@ -111,11 +115,12 @@ def train_loader(
     num_epochs: int | None = None,
     shard_index: int | None = None,
     shard_count: int | None = None,
+    gather_head: bool = True,
 ) -> grain.IterDataset:
-    """SFT/RCTP batches {tokens, loss_mask, segments, positions} [batch_size, row_len] and
-    loss_index [batch_size, K] of packed rows for this host. `filter_fn` keeps e.g. only
-    label==1 for plain SFT."""
-    rows = packed_rows(source, row_len, seed=seed, filter_fn=filter_fn)
+    """SFT/RCTP batches {tokens, loss_mask, segments, positions} [batch_size, row_len] (and,
+    with `gather_head`, loss_index [batch_size, K]) of packed rows for this host. `filter_fn`
+    keeps e.g. only label==1 for plain SFT."""
+    rows = packed_rows(source, row_len, seed=seed, filter_fn=filter_fn, gather_head=gather_head)
     return batched_iter(
         rows,
         batch_size,

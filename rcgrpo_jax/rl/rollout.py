@@ -77,10 +77,11 @@ class Rollouts:
     def positions(self) -> np.ndarray:
         return np.broadcast_to(np.arange(self.tokens.shape[-1], dtype=np.int32), self.tokens.shape)
 
-    def batch(self) -> dict[str, np.ndarray]:
-        """The fused train step's inputs, with the `loss_index` [P, G, K] of the sampled tokens:
-        one K for all of these groups, so every minibatch of the iteration's update has it."""
-        return {
+    def batch(self, gather_head: bool = True) -> dict[str, np.ndarray]:
+        """The fused train step's inputs; with `gather_head`, the `loss_index` [P, G, K] of the
+        sampled tokens (the loss applies the head there only): one K for all of these groups,
+        so every minibatch of the iteration's update has it."""
+        out = {
             "tokens": self.tokens,
             "positions": np.ascontiguousarray(self.positions),
             "segments": self.segments,
@@ -88,8 +89,10 @@ class Rollouts:
             "old_logprobs": self.old_logprobs,
             "rewards": self.rewards,
             "reward_token": self.reward_token,
-            "loss_index": loss_index(self.loss_mask),
         }
+        if gather_head:
+            out["loss_index"] = loss_index(self.loss_mask)
+        return out
 
 
 def collect(

@@ -200,6 +200,7 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
     ref_params = s.params if objective.kl_beta > 0 else None
     del s  # the state owns the policy from here on
     p_, g_ = int(rl.num_prompts), int(rl.group_size)
+    gather_head = bool(config.model.gather_head)
     mbs, ga = int(rl.minibatches), optim_cfg.grad_accum  # an update's minibatches x microbatches
     budget = int(rl.max_rollouts) or int(rl.steps) * p_ * g_
     start = int(t.data_state.get("iteration", 0))
@@ -257,7 +258,7 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
             step_metrics = []
             tokens = None
             if trained.any():
-                batch = padded_batch(ro.batch(), trained, p_, mbs, ga)
+                batch = padded_batch(ro.batch(gather_head), trained, p_, mbs, ga)
                 if ref_params is not None:
                     batch["ref_logprobs"] = _ref_logprobs(cfg, ref_params, batch, mesh)
                 for _ in range(int(rl.epochs)):

@@ -121,6 +121,7 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
             source, batch_size=int(train.batch_size) // jax.process_count(),
             row_len=int(train.seq_len), seed=int(config.seed),
             shard_index=jax.process_index(), shard_count=jax.process_count(),
+            gather_head=bool(config.model.gather_head),
         )  # fmt: skip
     except ExampleTooLongError as e:
         raise UserError(too_long_message(config, e.length, workdir)) from None
