@@ -40,7 +40,7 @@ from rcgrpo_jax.envs.executor import (
 
 SEED = 18
 N_TEXTS = 2000  # per chat format
-STEP_LIMIT_S = 2.0
+STEP_LIMIT_S = 10.0  # a hang guard: steps take milliseconds; a loaded machine stays far below
 ENTRY_ID = "multi_turn_miss_func_2"  # GorillaFileSystem + TicketAPI; cp, cat hidden until turn 4
 
 PRIVATE = (
