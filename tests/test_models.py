@@ -115,17 +115,21 @@ def test_attend_causal_equals_dense_attend():
     def loss(fn, *xs):
         return (fn(cfg, *xs, mask) * w).sum()
 
-    for fn in (attention.attend_causal, attention.attend):
-        assert fn(cfg, q, keys_t, values, mask).shape == (b, t, h, d)
+    out = {
+        fn: np.asarray(jax.jit(fn, static_argnums=0)(cfg, q, keys_t, values, mask))
+        for fn in (attention.attend_causal, attention.attend)
+    }
+    assert all(o.shape == (b, t, h, d) for o in out.values())
     real = np.asarray(seg > 0)
     np.testing.assert_allclose(
-        np.asarray(attention.attend_causal(cfg, q, keys_t, values, mask))[real],
-        np.asarray(attention.attend(cfg, q, keys_t, values, mask))[real],
+        out[attention.attend_causal][real],
+        out[attention.attend][real],
         rtol=1e-5,
         atol=1e-6,
     )
-    grads = jax.grad(lambda *xs: loss(attention.attend_causal, *xs), (0, 1, 2))(q, keys_t, values)
-    refs = jax.grad(lambda *xs: loss(attention.attend, *xs), (0, 1, 2))(q, keys_t, values)
+    grad = lambda fn: jax.jit(jax.grad(lambda *xs: loss(fn, *xs), (0, 1, 2)))  # one program each
+    grads = grad(attention.attend_causal)(q, keys_t, values)
+    refs = grad(attention.attend)(q, keys_t, values)
     for g, r in zip(grads, refs, strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-5, atol=1e-5)
 
@@ -145,7 +149,7 @@ def test_token_logprobs_chunked_equals_one_chunk(batch):
             )
             return ((logp + 0.1 * ent) * valid).sum(), (logp, ent, valid)
 
-        return jax.grad(loss, has_aux=True)(params)
+        return jax.jit(jax.grad(loss, has_aux=True))(params)
 
     (g1, out1), (g5, out5) = run(512), run(5)  # 23 targets: one chunk vs 5 chunks of 5
     for a, b in zip(out1, out5, strict=True):

@@ -1,0 +1,164 @@
+"""Where a step's time goes on XLA:CPU: per-op times from the JAX profiler, grouped.
+
+    python bench/profile.py [--what train|decode|sft] [--repeats 5] [--top 20]
+
+`train` is bench/suite.py's train step (fused RC-GRPO step, 2 x 4 x 256 tokens, hidden 256,
+4 layers, vocab 1024, f32); `decode` its batch-32 greedy decode (64 tokens); `sft` the tiny
+demo's stage-1 step (batch 8 x 256, hidden 64, 3 layers, vocab 1024). The program runs under
+`jax.profiler.trace` with XLA:CPU's per-thunk trace events on
+(`--xla_cpu_enable_xprof_traceme`); each event is an HLO op of the compiled module, joined with
+its `op_name` metadata from the compiled HLO text (the JAX primitive and its transforms: `jvp`
+forward, `transpose` backward). Printed: wall time per call, the sum of op times (above the
+wall when ops run on both threads), the time per (primitive, pass) and the slowest ops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+
+def _program(what: str):
+    """(jitted function, args, module name, label) of the program to profile."""
+    import jax
+    import numpy as np
+
+    from rcgrpo_jax import models, rl
+    from rcgrpo_jax.train.optim import OptimConfig, make_optimizer
+    from rcgrpo_jax.train.state import init_train_state, make_train_step, state_shardings
+
+    mesh = models.make_mesh((1, 1, 1))
+    if what == "decode":
+        from rcgrpo_jax import sampling
+
+        cfg = models.ModelConfig(
+            vocab_size=1024, hidden_size=256, intermediate_size=1024, num_layers=4,
+            num_heads=8, num_kv_heads=2, head_dim=32, qkv_bias=True, tie_embeddings=False,
+        )  # fmt: skip
+        params = models.init_params(cfg, jax.random.key(0))
+        rng = np.random.default_rng(0)
+        prompts = [rng.integers(1, 1024, int(rng.integers(16, 49))).tolist() for _ in range(32)]
+        run = lambda: sampling.generate(cfg, params, prompts, 64)
+        return run, "jit_decode", "greedy decode, batch 32, 64 new tokens (whole generate call)"
+    if what == "train":
+        import suite
+
+        cfg = models.ModelConfig(
+            vocab_size=1024, hidden_size=256, intermediate_size=1024, num_layers=4,
+            num_heads=8, num_kv_heads=2, head_dim=32, qkv_bias=True, tie_embeddings=False,
+            rope_theta=1e6, scan_layers=False,
+        )  # fmt: skip
+        params = models.init_params(cfg, jax.random.key(0))
+        batch = suite.rl_batch(cfg, params, 2, 4, 256)
+        optim = OptimConfig(lr=1e-5, total_steps=100)
+        opt = make_optimizer(optim)
+        psh = models.param_shardings(cfg, mesh)
+        state = init_train_state(params, opt, 0, mesh=mesh, param_shardings=psh)
+        shardings = state_shardings(opt, psh, mesh, params)
+        step = rl.train_step.make_rl_step(cfg, rl.Objective(), opt, mesh=mesh, shardings=shardings)
+        label = "fused RC-GRPO train step, 2 x 4 x 256 tokens, hidden 256, 4 layers"
+    else:
+        from rcgrpo_jax.train.losses import make_sft_loss
+
+        cfg = models.ModelConfig(
+            vocab_size=1024, hidden_size=64, intermediate_size=256, num_layers=3, num_heads=4,
+            num_kv_heads=2, head_dim=16, rope_theta=100.0, scan_layers=False,
+        )  # fmt: skip
+        params = models.init_params(cfg, jax.random.key(0))
+        opt = make_optimizer(OptimConfig(lr=1e-2, warmup_steps=20, total_steps=1000))
+        psh = models.param_shardings(cfg, mesh)
+        state = init_train_state(params, opt, 0, mesh=mesh, param_shardings=psh)
+        shardings = state_shardings(opt, psh, mesh, params)
+        step = make_train_step(make_sft_loss(cfg), opt, mesh=mesh, shardings=shardings)
+        rng = np.random.default_rng(0)
+        b, t = 8, 256
+        batch = {
+            "tokens": rng.integers(0, 1024, (b, t)).astype(np.int32),
+            "positions": np.tile(np.arange(t, dtype=np.int32), (b, 1)),
+            "segments": np.ones((b, t), np.int32),
+            "loss_mask": (rng.random((b, t)) < 0.1).astype(np.int32),
+        }
+        label = "tiny demo's stage-1 (SFT) step, 8 x 256 tokens, hidden 64, 3 layers"
+    batch = {k: jax.device_put(v) for k, v in batch.items()}
+    holder = {"state": state}
+
+    def run():
+        holder["state"], m = step(holder["state"], batch)
+        return m
+
+    run.hlo = lambda: step.jitted.lower(holder["state"], batch).compile().as_text()
+    return run, "jit_step_fn", label
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--what", choices=("train", "decode", "sft"), default="train")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--top", type=int, default=20)
+    args = ap.parse_args(argv)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_enable_xprof_traceme" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_enable_xprof_traceme=true".strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+
+    run, module, label = _program(args.what)
+    jax.block_until_ready(run())  # compile + warm up
+    best = float("inf")
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(run())
+        best = min(best, time.perf_counter() - t)
+    logdir = tempfile.mkdtemp(prefix="rcgrpo_profile_")
+    with jax.profiler.trace(logdir, create_perfetto_trace=True):
+        for _ in range(args.repeats):
+            jax.block_until_ready(run())
+    meta: dict[str, tuple[str, str]] = {}
+    hlo = getattr(run, "hlo", None)
+    if hlo is not None:
+        for line in hlo().splitlines():
+            m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (\S+) .*?op_name=\"([^\"]*)\"", line)
+            if m:
+                meta[m.group(1)] = (m.group(2), m.group(3))
+    trace = next(Path(logdir).rglob("perfetto_trace.json.gz"))
+    events = json.load(gzip.open(trace))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    per_op: collections.Counter[str] = collections.Counter()
+    for e in events:
+        a = e.get("args", {})
+        if e.get("ph") == "X" and "hlo_op" in a and a.get("hlo_module", "").startswith(module):
+            per_op[e["name"]] += e["dur"] / 1e3 / args.repeats  # ms per call
+    groups: collections.Counter[tuple[str, str]] = collections.Counter()
+    for name, ms in per_op.items():
+        shape, op = meta.get(name, ("", ""))
+        prim = op.rsplit("/", 1)[-1] if op else re.sub(r"[._]\d+$", "", name).split("_")[0]
+        groups[(prim, "backward" if "transpose(" in op else "forward")] += ms
+    ops = len([e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})])
+    print(f"# {label}: {best * 1e3:.1f} ms per call (best of {args.repeats}); "
+          f"op time {sum(per_op.values()):.1f} ms over {ops / args.repeats:.0f} ops per call; "
+          f"jax {jax.__version__}, XLA_FLAGS={os.environ['XLA_FLAGS']!r}")  # fmt: skip
+    print("\n| primitive | pass | ms per call | share |\n|---|---|---|---|")
+    total = sum(groups.values()) or 1.0
+    for (prim, side), ms in groups.most_common(args.top):
+        print(f"| {prim} | {side} | {ms:.2f} | {ms / total:.0%} |")
+    print("\n| op | ms per call | shape | op_name |\n|---|---|---|---|")
+    for name, ms in per_op.most_common(args.top):
+        shape, op = meta.get(name, ("", ""))
+        print(f"| {name} | {ms:.2f} | {shape} | {op} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
