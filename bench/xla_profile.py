@@ -1,6 +1,6 @@
 """Where a step's time goes on XLA:CPU: per-op times from the JAX profiler, grouped.
 
-    python bench/profile.py [--what train|decode|sft] [--repeats 5] [--top 20]
+    python bench/xla_profile.py [--what train|decode|sft] [--repeats 5] [--top 20]
 
 `train` is bench/suite.py's train step (fused RC-GRPO step, 2 x 4 x 256 tokens, hidden 256,
 4 layers, vocab 1024, f32); `decode` its batch-32 greedy decode (64 tokens); `sft` the tiny
