@@ -64,10 +64,9 @@ def child(a: argparse.Namespace) -> dict:
     from rcgrpo_jax.config import base_config
     from rcgrpo_jax.envs.reward_tokens import LOW
     from rcgrpo_jax.models.sharding import use_mesh
-    from rcgrpo_jax.rl.train_step import make_rl_step
     from rcgrpo_jax.stages.setup import objective_from_config
-    from rcgrpo_jax.train.optim import OptimConfig, make_optimizer
-    from rcgrpo_jax.train.state import init_train_state, shard_batch, state_shardings
+    from rcgrpo_jax.train.optim import OptimConfig
+    from rcgrpo_jax.train.state import shard_batch
 
     t, kind = a.length, a.kind
     heads = a.heads
@@ -77,15 +76,11 @@ def child(a: argparse.Namespace) -> dict:
         head_dim=a.hidden // heads, qkv_bias=True, tie_embeddings=True,
         max_position_embeddings=max(t, 4096), rope_theta=1e6, remat=a.remat, attention=kind,
     )  # fmt: skip
-    mesh = models.make_mesh((1, 1, 1))
-    params = models.init_params(cfg, jax.random.key(0), mesh)
-    optimizer = make_optimizer(OptimConfig(lr=1e-6))
-    psh = models.param_shardings(cfg, mesh)
-    state = init_train_state(params, optimizer, 0, mesh=mesh, param_shardings=psh)
-    step = make_rl_step(
-        cfg, objective_from_config(base_config().rl), optimizer, mesh=mesh,
-        shardings=state_shardings(optimizer, psh, mesh, params),
-    )  # fmt: skip
+    from steps import fresh_step
+
+    params = models.init_params(cfg, jax.random.key(0))
+    objective = objective_from_config(base_config().rl)
+    step, state, mesh = fresh_step(cfg, params, OptimConfig(lr=1e-6), objective=objective)
 
     rng = np.random.default_rng(0)
     p, g = a.prompts, a.group

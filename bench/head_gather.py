@@ -62,24 +62,18 @@ def measure(cfg, batch: dict[str, Any], steps: int) -> dict[str, float]:
     """Compiled memory and median step time of a fresh state's fused RL step on `batch`."""
     import jax
     import numpy as np
+    from steps import fresh_step
 
     from rcgrpo_jax import models
     from rcgrpo_jax.config import base_config
     from rcgrpo_jax.models.sharding import use_mesh
-    from rcgrpo_jax.rl.train_step import make_rl_step
     from rcgrpo_jax.stages.setup import objective_from_config
-    from rcgrpo_jax.train.optim import OptimConfig, make_optimizer
-    from rcgrpo_jax.train.state import init_train_state, shard_batch, state_shardings
+    from rcgrpo_jax.train.optim import OptimConfig
+    from rcgrpo_jax.train.state import shard_batch
 
-    mesh = models.make_mesh((1, 1, 1), jax.devices()[:1])
-    params = models.init_params(cfg, jax.random.key(0), mesh)
-    optimizer = make_optimizer(OptimConfig(lr=1e-6))
-    psh = models.param_shardings(cfg, mesh)
-    state = init_train_state(params, optimizer, 0, mesh=mesh, param_shardings=psh)
-    step = make_rl_step(
-        cfg, objective_from_config(base_config().rl), optimizer, mesh=mesh,
-        shardings=state_shardings(optimizer, psh, mesh, params),
-    )  # fmt: skip
+    params = models.init_params(cfg, jax.random.key(0))
+    objective = objective_from_config(base_config().rl)
+    step, state, mesh = fresh_step(cfg, params, OptimConfig(lr=1e-6), objective=objective)
     batch = shard_batch(batch, mesh)
     t0 = time.perf_counter()
     with use_mesh(mesh):

@@ -280,23 +280,9 @@ def rl_batch(cfg, params, P: int, G: int, T: int, seed: int = 0) -> dict:
 def ours_train(cfg, params, batch, objective, optim_cfg, steps: int):
     """(seconds per step, first-step loss, first-step grad norm) of our fused step."""
     import jax
+    from steps import fresh_step
 
-    from rcgrpo_jax import models
-    from rcgrpo_jax.rl.train_step import make_rl_step
-    from rcgrpo_jax.train.optim import make_optimizer
-    from rcgrpo_jax.train.state import init_train_state, state_shardings
-
-    mesh = models.make_mesh((1, 1, 1))
-    optimizer = make_optimizer(optim_cfg)
-    psh = models.param_shardings(cfg, mesh)
-    state = init_train_state(params, optimizer, 0, mesh=mesh, param_shardings=psh)
-    step = make_rl_step(
-        cfg,
-        objective,
-        optimizer,
-        mesh=mesh,
-        shardings=state_shardings(optimizer, psh, mesh, params),
-    )
+    step, state, _ = fresh_step(cfg, params, optim_cfg, objective=objective)
     jbatch = {k: jax.device_put(v) for k, v in batch.items()}
     state, m = step(state, jbatch)  # warm-up = the first step (compiles)
     loss, gnorm = float(m["loss"]), float(m["grad_norm"])

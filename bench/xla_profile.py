@@ -34,12 +34,12 @@ def _program(what: str):
     """(jitted function, args, module name, label) of the program to profile."""
     import jax
     import numpy as np
+    from steps import fresh_step
 
-    from rcgrpo_jax import models, rl
-    from rcgrpo_jax.train.optim import OptimConfig, make_optimizer
-    from rcgrpo_jax.train.state import init_train_state, make_train_step, state_shardings
+    from rcgrpo_jax import models
+    from rcgrpo_jax.train.optim import OptimConfig
+    from rcgrpo_jax.train.state import make_train_step
 
-    mesh = models.make_mesh((1, 1, 1))
     if what == "decode":
         from rcgrpo_jax import sampling
 
@@ -62,12 +62,7 @@ def _program(what: str):
         )  # fmt: skip
         params = models.init_params(cfg, jax.random.key(0))
         batch = suite.rl_batch(cfg, params, 2, 4, 256)
-        optim = OptimConfig(lr=1e-5, total_steps=100)
-        opt = make_optimizer(optim)
-        psh = models.param_shardings(cfg, mesh)
-        state = init_train_state(params, opt, 0, mesh=mesh, param_shardings=psh)
-        shardings = state_shardings(opt, psh, mesh, params)
-        step = rl.train_step.make_rl_step(cfg, rl.Objective(), opt, mesh=mesh, shardings=shardings)
+        step, state, _ = fresh_step(cfg, params, OptimConfig(lr=1e-5, total_steps=100))
         label = "fused RC-GRPO train step, 2 x 4 x 256 tokens, hidden 256, 4 layers"
     else:
         from rcgrpo_jax.train.losses import make_sft_loss
@@ -77,11 +72,9 @@ def _program(what: str):
             num_kv_heads=2, head_dim=16, rope_theta=100.0, scan_layers=False,
         )  # fmt: skip
         params = models.init_params(cfg, jax.random.key(0))
-        opt = make_optimizer(OptimConfig(lr=1e-2, warmup_steps=20, total_steps=1000))
-        psh = models.param_shardings(cfg, mesh)
-        state = init_train_state(params, opt, 0, mesh=mesh, param_shardings=psh)
-        shardings = state_shardings(opt, psh, mesh, params)
-        step = make_train_step(make_sft_loss(cfg), opt, mesh=mesh, shardings=shardings)
+        optim = OptimConfig(lr=1e-2, warmup_steps=20, total_steps=1000)
+        make = lambda opt, **kw: make_train_step(make_sft_loss(cfg), opt, **kw)
+        step, state, _ = fresh_step(cfg, params, optim, make)
         rng = np.random.default_rng(0)
         b, t = 8, 256
         batch = {
