@@ -63,10 +63,8 @@ def child(a: argparse.Namespace) -> dict:
     from rcgrpo_jax import models
     from rcgrpo_jax.config import base_config
     from rcgrpo_jax.envs.reward_tokens import LOW
-    from rcgrpo_jax.models.sharding import use_mesh
     from rcgrpo_jax.stages.setup import objective_from_config
     from rcgrpo_jax.train.optim import OptimConfig
-    from rcgrpo_jax.train.state import shard_batch
 
     t, kind = a.length, a.kind
     heads = a.heads
@@ -76,7 +74,7 @@ def child(a: argparse.Namespace) -> dict:
         head_dim=a.hidden // heads, qkv_bias=True, tie_embeddings=True,
         max_position_embeddings=max(t, 4096), rope_theta=1e6, remat=a.remat, attention=kind,
     )  # fmt: skip
-    from steps import fresh_step
+    from steps import compile_step, fresh_step
 
     params = models.init_params(cfg, jax.random.key(0))
     objective = objective_from_config(base_config().rl)
@@ -105,13 +103,7 @@ def child(a: argparse.Namespace) -> dict:
         "rewards": np.tile(np.array([1.0, 0.0] * g, np.float32)[:g], (p, 1)),
         "reward_token": np.full((p, g), LOW, np.int32),
     }
-    batch = shard_batch(batch, mesh)
-
-    t0 = time.perf_counter()
-    with use_mesh(mesh):
-        compiled = step.jitted.lower(state, batch).compile()
-    compile_s = time.perf_counter() - t0
-    mem = compiled.memory_analysis()
+    compiled, batch, compile_s, mem = compile_step(step, state, batch, mesh)
     temp = float(mem.temp_size_in_bytes)
     out = {
         "kind": kind, "T": t, "rows": p * g, "temp_bytes": temp,

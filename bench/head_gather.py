@@ -62,24 +62,17 @@ def measure(cfg, batch: dict[str, Any], steps: int) -> dict[str, float]:
     """Compiled memory and median step time of a fresh state's fused RL step on `batch`."""
     import jax
     import numpy as np
-    from steps import fresh_step
+    from steps import compile_step, fresh_step
 
     from rcgrpo_jax import models
     from rcgrpo_jax.config import base_config
-    from rcgrpo_jax.models.sharding import use_mesh
     from rcgrpo_jax.stages.setup import objective_from_config
     from rcgrpo_jax.train.optim import OptimConfig
-    from rcgrpo_jax.train.state import shard_batch
 
     params = models.init_params(cfg, jax.random.key(0))
     objective = objective_from_config(base_config().rl)
     step, state, mesh = fresh_step(cfg, params, OptimConfig(lr=1e-6), objective=objective)
-    batch = shard_batch(batch, mesh)
-    t0 = time.perf_counter()
-    with use_mesh(mesh):
-        compiled = step.jitted.lower(state, batch).compile()
-    compile_s = time.perf_counter() - t0
-    mem = compiled.memory_analysis()
+    compiled, batch, compile_s, mem = compile_step(step, state, batch, mesh)
     state, m = compiled(state, batch)  # warm-up
     loss = float(m["loss"])
     times = []

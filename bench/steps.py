@@ -24,3 +24,18 @@ def fresh_step(cfg, params, optim, make=None, objective=None) -> tuple[Any, Any,
         objective = objective if objective is not None else rl.Objective()
         make = lambda opt, **kw: make_rl_step(cfg, objective, opt, **kw)
     return make(optimizer, mesh=mesh, shardings=shardings), state, mesh
+
+
+def compile_step(step, state, batch, mesh) -> tuple[Any, Any, float, Any]:
+    """(compiled step, the batch on the mesh, compile seconds, XLA's memory analysis): the AOT
+    compile the memory benches read their temporaries from."""
+    import time
+
+    from rcgrpo_jax.models.sharding import use_mesh
+    from rcgrpo_jax.train.state import shard_batch
+
+    batch = shard_batch(batch, mesh)
+    t0 = time.perf_counter()
+    with use_mesh(mesh):
+        compiled = step.jitted.lower(state, batch).compile()
+    return compiled, batch, time.perf_counter() - t0, compiled.memory_analysis()

@@ -26,21 +26,6 @@ from rcgrpo_jax import models
 from rcgrpo_jax.models import ModelConfig
 
 
-def target_logprobs(
-    cfg: ModelConfig,
-    params: Any,
-    tokens: jax.Array,
-    positions: jax.Array,
-    segments: jax.Array,
-    at: jax.Array | None = None,
-) -> tuple[jax.Array, jax.Array]:
-    """(log p(tokens[:, t+1] | ≤ t) [B, T-1] float32, valid [B, T-1] bool same-segment targets),
-    from `models.token_logprobs` (the head is applied in chunks; the RL loss uses it too); with
-    `at` [B, K], both [B, K] for the targets tokens[:, at]."""
-    logp, _, valid = models.token_logprobs(cfg, params, tokens, positions, segments, at=at)
-    return logp, valid
-
-
 def masked_nll(
     cfg: ModelConfig, params: Any, batch: Mapping[str, jax.Array]
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -48,8 +33,9 @@ def masked_nll(
     also the microbatch `weight`), and the unweighted sum for exact per-example comparisons.
     With `loss_index`, the same sums over the indexed targets alone."""
     index = batch.get("loss_index")
-    logp, valid = target_logprobs(
-        cfg, params, batch["tokens"], batch["positions"], batch["segments"], index
+    # the head runs in chunks (and, with the index, at the indexed targets only)
+    logp, _, valid = models.token_logprobs(
+        cfg, params, batch["tokens"], batch["positions"], batch["segments"], at=index
     )
     loss_mask = jnp.asarray(batch["loss_mask"])
     targets = loss_mask[:, 1:] if index is None else jnp.take_along_axis(loss_mask, index, 1)
