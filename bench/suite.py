@@ -8,8 +8,11 @@ Rows (same random Qwen2 weights on both sides; our compile time excluded by a wa
   here — the denominator of each side's MFU.
 - train step: our jitted fused RC-GRPO step (`rl.train_step.make_rl_step`: clipped surrogate with
   in-step group advantages, clip-by-global-norm, AdamW) vs the same loss + optimizer written in
-  PyTorch eager on transformers' Qwen2ForCausalLM; tokens/s and MFU = analytic model FLOPs
-  (`tools.plan.train_flops`: 6·N·tokens + attention) / step time / that side's measured peak.
+  PyTorch eager on transformers' Qwen2ForCausalLM; ours applies the LM head at the loss's
+  positions only (`loss_index`, as the RL stage does under `model.gather_head`), PyTorch's at
+  every position, as TRL does; tokens/s and MFU = analytic model FLOPs
+  (`tools.plan.train_flops`: 6·N·tokens + attention, the full head on both sides) / step time /
+  that side's measured peak.
   The first step's loss and gradient norm must agree on both sides (asserted, printed).
 - greedy decode at batch 8 and 32 vs transformers `generate` (`bench/sampler.py`'s functions).
 - 3-turn group rollout (8 prompts x 8 samples) with KV-cache continuation vs transformers

@@ -44,11 +44,6 @@ class Stats:
             self.cache_hits - other.cache_hits,
         )
 
-    @property
-    def compiled(self) -> int:
-        """Programs the backend compiled (not read from the cache)."""
-        return self.programs - self.cache_hits
-
     def describe(self) -> str:
         """'compile 12.3 s (5 programs, 2 from cache)'."""
         cached = f", {self.cache_hits} from cache" if self.cache_hits else ""
@@ -112,15 +107,28 @@ def default_cache_dir() -> Path:
 def configure(enabled: bool = True, cache_dir: str = "") -> Path | None:
     """Turns the persistent cache on in `cache_dir` (default `default_cache_dir()`) for every
     program, however fast it compiled (CPU programs compile in well under JAX's default 1 s
-    threshold), or off. Returns the directory in use (None: off). Call before compiling."""
+    threshold), or off. Returns the directory in use (None: off). Takes effect from the next
+    compile on, also in a process that has compiled before."""
     import jax
+    from jax.experimental.compilation_cache import compilation_cache
 
     track()
+    compilation_cache.reset_cache()  # the next compile reads the settings below afresh
     if not enabled:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
     path = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK):
+            raise PermissionError(f"{path} is not writable")
+    except OSError as e:
+        from rcgrpo_jax.errors import UserError
+
+        raise UserError(
+            f"compile.cache_dir: cannot use {path} for the compilation cache ({e}); set "
+            "compile.cache_dir to a writable directory, or compile.cache=False"
+        ) from None
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

@@ -43,7 +43,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.attention = "auto"
     # Apply the LM head only where the loss reads it (SFT: assistant tokens; RL: sampled ones),
     # K positions per row (bucketed): at a 152k vocabulary and a few hundred sampled tokens
-    # after a 4k prompt the full head is most of the step. Same values; one program per (T, K).
+    # after a 4k prompt the full head is most of the step. The same values up to f32 summation
+    # order; one program per (T, K).
     c.model.gather_head = True
     c.model.chat_format = "qwen"  # qwen | llama | python: how tool calls are written and parsed
     # Architecture of a randomly initialised model (used only when hf_path is empty).

@@ -97,6 +97,27 @@ def test_stage1_outputs(run_all):
         assert labels == ({"0", "1"} if stage == "rctp" else {"1"})  # SFT: high quality only
 
 
+def test_every_stage_reports_its_wall_and_compile_time(run_all):
+    """Each training stage's end line, summary.json (`time`) and metrics records say what it
+    spent compiling: arms after the first share its programs (one RL step per shape)."""
+    config, _ = run_all
+    root = Path(config.workdir)
+    stages = ["warm_start", "sft", "rctp", *(name for name, *_ in experiment.RL_ARMS)]
+    times = {}
+    for stage in stages:
+        t = json.loads((root / stage / "summary.json").read_text())["time"]
+        assert 0 <= t["compile_s"] <= t["wall_s"] and t["programs"] >= t["cache_hits"] >= 0
+        times[stage] = t
+        records = read_jsonl(root / stage / "metrics.jsonl")
+        assert all(r["compile_s"] >= 0 for r in records)
+        line = [x for x in config.stdout.splitlines() if x.startswith(f"{stage}: ")][-1]
+        assert f"s, compile {t['compile_s']:.1f} s ({t['programs']} programs" in line, line
+    assert times["warm_start"]["programs"] > 0  # the first stage compiles its step
+    # a later arm finds the first arm's programs made (same model, objective, optimizer and
+    # draw shape): it compiles only shapes its own rollouts add
+    assert times["rctp_grpo"]["programs"] < times["sft_grpo"]["programs"]
+
+
 @pytest.mark.parametrize("arm", [name for name, *_ in experiment.RL_ARMS])
 def test_rl_arm_logs_are_consistent(run_all, arm):
     config, _ = run_all

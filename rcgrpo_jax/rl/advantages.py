@@ -9,12 +9,13 @@ for a run's first iteration and for dynamic sampling's later rounds).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rcgrpo_jax.envs.reward_tokens import HIGH, LOW
+from rcgrpo_jax.envs.reward_tokens import HIGH, LOW, NONE
 
 
 def _group_advantage(rewards: jax.Array, eps: float, normalize_std: bool) -> jax.Array:
@@ -46,26 +47,39 @@ def degenerate_groups(rewards: jax.Array) -> jax.Array:
     return jnp.all(rewards == rewards[:, :1], axis=1)
 
 
-def _group_tokens(key: jax.Array, group_size: int, p_high: float, stratified: bool) -> jax.Array:
+def stratified_high(p_high: float, group_size: int) -> int:
+    """High tokens per stratified group: round(p_high * G) (in float32, half to even), clamped
+    to [1, G - 1] so that both tokens appear."""
+    return int(np.clip(np.round(np.float32(p_high * group_size)), 1, group_size - 1))
+
+
+def _group_tokens(key: jax.Array, group_size: int, p_high, stratified: bool, n_high) -> jax.Array:
     if not stratified:
         high = jax.random.bernoulli(key, p_high, (group_size,))
         return jnp.where(high, HIGH, LOW).astype(jnp.int32)
-    # Stratified: round(p_high * G) high tokens, clamped so that both tokens appear, then shuffled.
-    n_high = jnp.clip(jnp.round(p_high * group_size), 1, group_size - 1).astype(jnp.int32)
+    # Stratified: n_high high tokens, then shuffled.
     tokens = jnp.where(jnp.arange(group_size) < n_high, HIGH, LOW).astype(jnp.int32)
     return jax.random.permutation(key, tokens)
 
 
 def sample_reward_tokens(
-    key: jax.Array, num_groups: int, group_size: int, p_high: float, stratified: bool = False
+    key: jax.Array,
+    num_groups: int,
+    group_size: int,
+    p_high: float | jax.Array,
+    stratified: bool = False,
+    n_high: int | jax.Array | None = None,
 ) -> jax.Array:
-    """[P, G] int32 of HIGH/LOW: r_j ~ P_sample(r) i.i.d., or stratified within every group."""
+    """[P, G] int32 of HIGH/LOW: r_j ~ P_sample(r) i.i.d., or stratified within every group
+    (`n_high` high tokens each; default `stratified_high(p_high, G)`)."""
     if stratified and group_size < 2:
         raise ValueError("stratified reward tokens need group_size >= 2")
     if not isinstance(p_high, jax.Array) and not 0.0 <= p_high <= 1.0:
         raise ValueError(f"p_high={p_high} is not a probability")
+    if stratified and n_high is None:
+        n_high = stratified_high(p_high, group_size)
     keys = jax.random.split(key, num_groups)
-    return jax.vmap(lambda k: _group_tokens(k, group_size, p_high, stratified))(keys)
+    return jax.vmap(lambda k: _group_tokens(k, group_size, p_high, stratified, n_high))(keys)
 
 
 DRAWN = -2  # `TokenDraw.inputs()["token_fixed"]` when the tokens are drawn, not fixed
@@ -84,12 +98,22 @@ class TokenDraw:
     stratified: bool = False
     fixed: int | None = None  # every row this token, nothing drawn (GRPO: NONE or HIGH)
 
+    def __post_init__(self) -> None:
+        if self.fixed not in (None, HIGH, LOW, NONE):
+            raise ValueError(f"fixed={self.fixed!r}: expected None, HIGH, LOW or NONE")
+
     def inputs(self) -> dict[str, np.ndarray]:
-        """The draw's run-time values (seed, p_high, fixed token) as step inputs: the fused
-        step reads them as data, so every RL arm of one shape shares one program."""
+        """The draw's run-time values (its seed's key words, p_high, the stratified high
+        count, the fixed token) as scalar step inputs: the fused step reads them as data, so
+        every RL arm of one shape shares one program, and the draws are those of
+        `jax.random.key(seed)` for any seed."""
+        hi, lo = _key_words(self.seed)
+        n_high = stratified_high(self.p_high, self.group_size) if self.group_size > 1 else 1
         return {
-            "token_seed": np.asarray(self.seed, np.int32),
+            "token_key_hi": np.asarray(hi, np.uint32),
+            "token_key_lo": np.asarray(lo, np.uint32),
             "token_p_high": np.asarray(self.p_high, np.float32),
+            "token_n_high": np.asarray(n_high, np.int32),
             "token_fixed": np.asarray(DRAWN if self.fixed is None else self.fixed, np.int32),
         }
 
@@ -114,17 +138,26 @@ def draw_reward_tokens(
     if inputs is None:
         if draw.fixed is not None:
             return jnp.full(shape, draw.fixed, jnp.int32)
-        seed, p_high = draw.seed, draw.p_high
+        base, p_high, n_high = jax.random.key(draw.seed), draw.p_high, None
     else:
-        seed, p_high = inputs["token_seed"], inputs["token_p_high"]
-    key = jax.random.fold_in(jax.random.key(seed), iteration)
+        words = jnp.stack([inputs["token_key_hi"], inputs["token_key_lo"]]).astype(jnp.uint32)
+        base, p_high = jax.random.wrap_key_data(words), inputs["token_p_high"]
+        n_high = inputs["token_n_high"] if draw.stratified else None
+    key = jax.random.fold_in(base, iteration)
     if rnd:
         key = jax.random.fold_in(key, rnd)
-    drawn = sample_reward_tokens(key, *shape, p_high, draw.stratified)
+    drawn = sample_reward_tokens(key, *shape, p_high, draw.stratified, n_high)
     if inputs is None:
         return drawn
     fixed = inputs["token_fixed"]
     return jnp.where(fixed == DRAWN, drawn, jnp.full(shape, fixed, jnp.int32))
+
+
+@functools.lru_cache(maxsize=64)
+def _key_words(seed: int) -> tuple[int, int]:
+    """The two uint32 words of `jax.random.key(seed)` (threefry)."""
+    hi, lo = np.asarray(jax.random.key_data(jax.random.key(seed))).tolist()
+    return hi, lo
 
 
 # The host-side entry point: the same program the step inlines, compiled once per shape.

@@ -201,8 +201,8 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     for name, init, algo, overrides in RL_ARMS:
         init_from = str(workdir / init / "export")
         c = _sub(config, algo, name, init_from=init_from, **overrides)
-        run = functools.partial(rl_loop.run, name=name)
-        _run_once(c, run, f"{c.rl.steps} iterations from {init}")
+        arm = functools.partial(rl_loop.run, name=name)
+        _run_once(c, arm, f"{c.rl.steps} iterations from {init}")
         arms[name] = rl_loop.run_stats(Path(c.workdir))
 
     runs = {name: workdir / name / "metrics.jsonl" for name, *_ in RL_ARMS}

@@ -105,6 +105,9 @@ def main(argv: list[str]) -> int:
         config_check.validate(config)
         if config.stage != "all":
             raise UserError(f"config.stage={config.stage!r}; the seed table runs stage 'all'")
+        from rcgrpo_jax import compilation
+
+        compilation.configure_from(config)
     except (ValueError, UserError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -321,7 +321,12 @@ def make_train_step(
         return new_state, metrics
 
     rep = _replicated(mesh)
-    program = None if key is None else ("step", key, mesh, _tree_key(shardings), grad_accum, donate)
+    # the caller's key, and what the key cannot forget: the functions' code, which parts exist
+    code = lambda f: None if f is None else getattr(f, "__code__", f)
+    program = None if key is None else (
+        "step", key, code(loss_fn), code(outputs), schedule is None, tuple(sorted(inputs or ())),
+        mesh, _tree_key(shardings), grad_accum, donate,
+    )  # fmt: skip
     jitted = _shared(
         program,
         lambda: jax.jit(
