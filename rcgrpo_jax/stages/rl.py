@@ -307,12 +307,14 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
             plots.plot_metrics(
                 {algo: workdir / "metrics.jsonl"}, DYNAMICS_KEYS, workdir / "dynamics.png"
             )
-    stats = run_stats(workdir) if main else {}
-    line = main and (
-        f"{name or algo}: held-out success {stats['heldout_success']:.1%}, "
-        f"degenerate groups {stats['degenerate_frac']:.1%}"
-    )
-    setup.finish(t, state.params, summary, line or "")
+    line = ""  # process 0 alone prints (and has the metrics file)
+    if main:
+        stats = run_stats(workdir)
+        line = (
+            f"{name or algo}: held-out success {stats['heldout_success']:.1%}, "
+            f"degenerate groups {stats['degenerate_frac']:.1%}"
+        )
+    setup.finish(t, state.params, summary, line)
     return summary
 
 
