@@ -28,6 +28,11 @@ def base_config() -> ml_collections.ConfigDict:
     # $XDG_CACHE_HOME/rcgrpo_jax/xla (~/.cache/rcgrpo_jax/xla).
     c.compile = ml_collections.ConfigDict({"cache": True, "cache_dir": ""})
 
+    # Stage `all`'s control arms (`stages.all.CONTROLS`), each run beside the real arm it controls:
+    # "shuffled" (SFT→GRPO and RCTP→RC-GRPO with rewards permuted within the batch) and "lr0"
+    # (RCTP→RC-GRPO at lr = 0: its change must be exactly 0). Empty: the real arms only.
+    c.controls = ()
+
     # (data, fsdp, tensor); product must equal the number of devices in use, -1 fills one axis.
     c.mesh = ml_collections.ConfigDict({"shape": (-1, 1, 1)})
 
@@ -97,6 +102,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.max_new_tokens = 512  # per assistant step
     c.eval.max_len = 16384  # tokens per trajectory (prompt + all turns)
     c.eval.temperature = 0.0  # greedy
+    # RL's start/end evaluations also report the mean success of `samples` rollouts per entry
+    # at `sample_temperature` (0 = greedy only): a change in the policy's probabilities shows
+    # there before it flips a greedy choice.
+    c.eval.samples = 0
+    c.eval.sample_temperature = 1.0
     c.eval.batch_size = 0  # entries decoded together (0 = all at once)
     c.eval.reward_token = ml_collections.config_dict.placeholder(int)  # None | 1 high | 0 low
 
@@ -167,6 +177,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.rl.gspo_clip_low = 3e-4  # gspo's sequence-ratio range [1 - low, 1 + high] (the paper's)
     c.rl.gspo_clip_high = 4e-4
     c.rl.kl_beta = 0.0  # k3 KL to the initial policy
+    # Control: the advantages come from the rewards permuted across the batch's rollouts (the
+    # logs keep the real ones). Any gain that survives it is not from the reward signal.
+    c.rl.shuffle_rewards = False
     c.rl.aggregation = "token"  # grpo: token | sequence
     # Dynamic sampling (DAPO): drop groups whose rewards are all equal and roll out further
     # prompts, up to dynamic_max_rounds rounds per iteration, until num_prompts groups remain.

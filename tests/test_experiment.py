@@ -9,7 +9,7 @@ import pytest
 
 from rcgrpo_jax.envs.reward_tokens import HIGH, NONE
 from rcgrpo_jax.stages import all as experiment
-from rcgrpo_jax.stages.rl import reward_tokens_for, token_draw
+from rcgrpo_jax.stages.rl import evaluation_token, reward_tokens_for, shuffled, token_draw
 from rcgrpo_jax.tools import seeds
 
 
@@ -26,6 +26,28 @@ def test_grpo_rows_carry_the_configured_token():
     assert (tokens("grpo", grpo_token="high") == HIGH).all()
     rc = tokens("rcgrpo", grpo_token="high")  # RC-GRPO ignores it
     assert ((rc == HIGH).sum(1) == 3).all()
+
+
+def test_each_arm_is_evaluated_under_its_own_token():
+    """Start and end of an arm are measured under one token: none for the GRPO arms from SFT,
+    the high token for every arm whose rollouts carry tokens (controls as the arm they copy)."""
+    want = {"sft_grpo": None, "sft_rcgrpo": HIGH, "rctp_rcgrpo": HIGH, "rctp_grpo": HIGH,
+            "sft_grpo_dynamic": None, "sft_grpo_shuffled": None, "rctp_rcgrpo_shuffled": HIGH,
+            "rctp_rcgrpo_lr0": HIGH}  # fmt: skip
+    config = ml_collections.ConfigDict({"controls": ("shuffled", "lr0")})
+    arms = experiment.rl_arms(config)
+    assert [a[0] for a in arms] == [*(a[0] for a in experiment.RL_ARMS), *list(want)[5:]]
+    for name, _, algo, overrides in arms:
+        rl = _rl(**{k: v for k, v in overrides.items() if k == "grpo_token"})
+        assert evaluation_token(algo, rl) == want[name], name
+
+
+def test_shuffled_rewards_keep_the_batch_and_break_the_link():
+    rewards = np.array([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    a, b = shuffled(rewards, 0, 3), shuffled(rewards, 0, 3)
+    np.testing.assert_array_equal(a, b)  # seeded by (seed, iteration)
+    assert a.shape == rewards.shape and sorted(a.ravel()) == sorted(rewards.ravel())
+    assert any(not np.array_equal(shuffled(rewards, 0, i), rewards) for i in range(5))
 
 
 def test_every_ablation_cell_is_an_arm():
@@ -66,6 +88,18 @@ def test_targets(change, failed):
     assert t["moved"]["sft_grpo"] == pytest.approx(0.6 - sft_start)
     assert t["moved"]["rctp_grpo"] == pytest.approx(0.1)  # from RCTP's high-token success
     assert t["moved"]["sft_grpo_dynamic"] == pytest.approx(0.6 - sft_start)
+
+
+def test_change_is_measured_from_the_arms_own_start():
+    """An arm whose RL stage evaluated its start (under its own token) moves from that start,
+    not from the stage-1 figure (SFT's was measured without a token, sft_rcgrpo's end under
+    the high one)."""
+    arms = _arms()
+    arms["sft_rcgrpo"]["start_success"] = 0.25
+    arms["rctp_rcgrpo_lr0"] = {"start_success": 0.4, "heldout_success": 0.4}
+    moved = experiment.targets(arms)["moved"]
+    assert moved["sft_rcgrpo"] == pytest.approx(0.35) and moved["rctp_rcgrpo_lr0"] == 0.0
+    assert moved["sft_grpo"] == pytest.approx(0.1)  # no start record: SFT's own figure
 
 
 def test_table_columns_fit_every_arm_name():

@@ -22,7 +22,11 @@ from conftest import REPO
 from rcgrpo_jax import models
 from rcgrpo_jax.rl.advantages import sample_reward_tokens
 from rcgrpo_jax.stages import all as experiment
+from rcgrpo_jax.stages.rl import shuffled
 from rcgrpo_jax.train.metrics import read_jsonl
+
+# the real arms, then the controls the run below asks for
+ARMS = experiment.RL_ARMS + experiment.CONTROLS["shuffled"] + experiment.CONTROLS["lr0"]
 
 # configs/tiny.py shrunk to seconds per stage; run through the real command line, on 2 devices.
 OVERRIDES = {
@@ -47,6 +51,8 @@ OVERRIDES = {
     "rl.checkpoint_every": 1,
     "eval.max_new_tokens": 16,
     "eval.max_entries": 4,
+    "eval.samples": 2,
+    "controls": "('shuffled','lr0')",
 }
 
 
@@ -118,14 +124,18 @@ def test_every_stage_reports_its_wall_and_compile_time(run_all):
     assert times["rctp_grpo"]["programs"] < times["sft_grpo"]["programs"]
 
 
-@pytest.mark.parametrize("arm", [name for name, *_ in experiment.RL_ARMS])
+@pytest.mark.parametrize("arm", [name for name, *_ in ARMS])
 def test_rl_arm_logs_are_consistent(run_all, arm):
     config, _ = run_all
     root = Path(config.workdir) / arm
     metrics = read_jsonl(root / "metrics.jsonl")
     rollouts = read_jsonl(root / "rollouts.jsonl")
     p, g = config.rl.num_prompts, config.rl.group_size
-    dynamic = dict((name, o) for name, _, _, o in experiment.RL_ARMS)[arm].get("dynamic_sampling")
+    _, init, algo, overrides = next(a for a in ARMS if a[0] == arm)
+    dynamic = overrides.get("dynamic_sampling")
+    # the start's evaluation (iteration 0), greedy and sampled, before any update
+    start, metrics = metrics[0], metrics[1:]
+    assert start["step"] == 0 and {"eval_success", "eval_sampled"} <= start.keys()
     # the same budget of generated trajectories; the dynamic arm may spend it in fewer iterations
     steps = [m["step"] for m in metrics]
     assert steps == ([1, 2][: len(steps)] if dynamic else [1, 2]) and len(rollouts) == len(steps)
@@ -137,25 +147,36 @@ def test_rl_arm_logs_are_consistent(run_all, arm):
         assert m["generated_rollouts"] == rewards.size
         degenerate = (rewards == rewards[:, :1]).all(1).mean()
         assert m["degenerate_frac"] == pytest.approx(degenerate)
-        assert m["reward_mean"] == pytest.approx(rewards.mean())
-        if arm.endswith("rcgrpo"):  # stratified: both tokens in every group
+        assert m["reward_mean"] == pytest.approx(rewards.mean())  # real rewards, shuffled or not
+        if algo == "rcgrpo":  # stratified: both tokens in every group
             assert ((tokens == 1).any(1) & (tokens == 0).any(1)).all()
-        elif arm == "rctp_grpo":  # GRPO under one fixed token
+        elif overrides.get("grpo_token") == "high":  # GRPO under one fixed token
             assert (tokens == 1).all()
         else:
             assert (tokens == -1).all()
+        # an update runs only for a batch with an informative group
+        if overrides.get("shuffle_rewards"):  # the step sees the shuffled ones (seed 0)
+            rewards = shuffled(rewards, 0, m["step"] - 1)
+        informative = (~(rewards == rewards[:, :1]).all(1)).any()
+        assert m["applied_frac"] == (1.0 if informative else 0.0)
     assert "eval_success" in metrics[-1] and 0.0 <= metrics[-1]["eval_success"] <= 1.0
     assert (root / "export" / "config.json").exists() and (root / "dynamics.png").exists()
+    if arm.endswith("_lr0"):  # lr 0: the export is its start, bit for bit, and so is its score
+        _, start_params = models.load_hf(Path(config.workdir) / init / "export")
+        _, end_params = models.load_hf(root / "export")
+        jax.tree.map(np.testing.assert_array_equal, start_params, end_params)
+        assert metrics[-1]["eval_success"] == start["eval_success"]
 
 
 def test_experiment_summary_and_table(run_all):
     config, summary = run_all
     root = Path(config.workdir)
     on_disk = json.loads((root / "summary.json").read_text())
-    rl_arms = [name for name, *_ in experiment.RL_ARMS]
+    rl_arms = [name for name, *_ in ARMS]
     assert on_disk["arms"].keys() == {"base", "warm_start", "sft", "rctp", *rl_arms}
     assert set(rl_arms) == {
-        "sft_grpo", "sft_rcgrpo", "rctp_rcgrpo", "rctp_grpo", "sft_grpo_dynamic"
+        "sft_grpo", "sft_rcgrpo", "rctp_rcgrpo", "rctp_grpo", "sft_grpo_dynamic",
+        "sft_grpo_shuffled", "rctp_rcgrpo_shuffled", "rctp_rcgrpo_lr0",
     }  # fmt: skip
     table = experiment.format_table(on_disk) + "\n" + experiment.format_targets(on_disk["targets"])
     assert (root / "table.txt").read_text().strip() == table.strip()
@@ -166,10 +187,17 @@ def test_experiment_summary_and_table(run_all):
     assert (root / "dynamics.png").stat().st_size > 0
     for name in rl_arms:
         rows = read_jsonl(root / name / "metrics.jsonl")
-        assert on_disk["arms"][name].keys() >= {"degenerate_frac", "entropy"}
-        assert on_disk["arms"][name]["degenerate_frac"] == pytest.approx(
-            np.mean([r["degenerate_frac"] for r in rows])
+        arm = on_disk["arms"][name]
+        assert arm.keys() >= {"degenerate_frac", "entropy", "start_success", "sampled_success"}
+        assert arm["degenerate_frac"] == pytest.approx(
+            np.mean([r["degenerate_frac"] for r in rows[1:]])
         )
+        # the change is from the arm's own start (iteration 0, under its evaluation token)
+        assert arm["start_success"] == rows[0]["eval_success"]
+        assert on_disk["targets"]["moved"][name] == pytest.approx(
+            arm["heldout_success"] - arm["start_success"]
+        )
+    assert on_disk["targets"]["moved"]["rctp_rcgrpo_lr0"] == 0.0
 
 
 # absl's line format (I1201 12:00:00.123 ...), transformers' and TFDS's notices, JAX's probing.
@@ -186,12 +214,12 @@ def test_default_output_is_quiet(run_all):
     noise = [line for line in lines if LIBRARY_LINE.search(line)]
     assert noise == [], noise[:5]
     out = config.stdout.splitlines()
-    for arm in ("base", "warm_start", "sft", "rctp", *(name for name, *_ in experiment.RL_ARMS)):
+    for arm in ("base", "warm_start", "sft", "rctp", *(name for name, *_ in ARMS)):
         assert any(re.match(rf"{arm}( \([^)]+\))?: ", line) for line in out), (arm, out)
     assert config.stdout.rstrip().endswith(
         (Path(config.workdir) / "table.txt").read_text().rstrip()
     )
-    assert len(out) < 40, out  # one or two lines per arm, then the table
+    assert len(out) < 48, out  # one or two lines per arm, then the table
 
 
 def test_rl_resume_is_exact(run_all, tmp_path):
@@ -262,8 +290,8 @@ def test_all_killed_in_a_middle_arm_resumes_exactly(run_all, tmp_path):
 
     config, _ = run_all
     ref, workdir = Path(config.workdir), tmp_path / "all"
-    later = {"rctp_rcgrpo", "rctp_grpo", "sft_grpo_dynamic", "summary.json", "table.txt"}
-    later.add("dynamics.png")
+    names = [name for name, *_ in ARMS]
+    later = {*names[names.index("rctp_rcgrpo") :], "summary.json", "table.txt", "dynamics.png"}
     shutil.copytree(
         ref, workdir, ignore=lambda d, names: later & set(names) if d == str(ref) else ()
     )
@@ -282,7 +310,7 @@ def test_all_killed_in_a_middle_arm_resumes_exactly(run_all, tmp_path):
     for s in summaries:
         assert s.pop("wall_s") > 0  # the one field that differs: the time each invocation took
     assert summaries[0] == summaries[1]
-    for name, *_ in experiment.RL_ARMS:
+    for name in names:
         for log in ("metrics.jsonl", "rollouts.jsonl"):
             assert comparable(read_jsonl(workdir / name / log)) == comparable(
                 read_jsonl(ref / name / log)

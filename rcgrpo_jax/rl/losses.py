@@ -186,6 +186,8 @@ def objective_loss(
         "groups_sum": jnp.sum(groups),
         "rollouts_sum": jnp.sum(rows),
         "degenerate_sum": jnp.sum(degenerate_groups(rewards) * groups),
+        # 1 if a counted group's rewards differ (its advantages are not all 0); 0 skips the update
+        "signal_max": jnp.max((~degenerate_groups(rewards)) * groups).astype(jnp.float32),
         "reward_sum": jnp.sum(rewards * rows),
         "abs_adv_sum": jnp.sum(jnp.abs(adv[..., 0]) * rows),
         "high_sum": jnp.sum((rt == HIGH) * rows),

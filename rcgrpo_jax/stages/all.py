@@ -9,6 +9,11 @@
     SFT  ─▶ GRPO with dynamic sampling (DAPO's other answer to σ_g → 0: roll out more prompts
                         and train on the informative groups only, within the same budget)
 
+Controls (`config.controls`): "shuffled" runs SFT → GRPO and RCTP → RC-GRPO again with the
+rewards permuted within each batch (what the reward signal adds), "lr0" RCTP → RC-GRPO at lr 0
+(the measurement alone: its change must be exactly 0). Every arm's change is its end minus its
+start, both evaluated by its RL stage under the arm's own token.
+
 RCTP → GRPO samples under one fixed token rather than none: the RCTP model has only seen
 prompts that carry a token, so without one it is off its training distribution and the cell
 would measure that, not what RC-GRPO's mixed-token groups add.
@@ -43,7 +48,20 @@ RL_ARMS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("rctp_grpo", "rctp", "grpo", {"grpo_token": "high"}),
     ("sft_grpo_dynamic", "sft", "grpo", {"dynamic_sampling": True}),
 )
+# Controls (`config.controls`): (name, stage-1 run, RL algorithm, rl overrides) per control kind.
+CONTROLS: dict[str, tuple[tuple[str, str, str, dict[str, Any]], ...]] = {
+    "shuffled": (
+        ("sft_grpo_shuffled", "sft", "grpo", {"shuffle_rewards": True}),
+        ("rctp_rcgrpo_shuffled", "rctp", "rcgrpo", {"shuffle_rewards": True}),
+    ),
+    "lr0": (("rctp_rcgrpo_lr0", "rctp", "rcgrpo", {"optim.lr": 0.0}),),
+}
 DYNAMICS = ("reward_mean", "degenerate_frac", "entropy")
+
+
+def rl_arms(config: ml_collections.ConfigDict) -> tuple[tuple[str, str, str, dict[str, Any]], ...]:
+    """The RL arms stage `all` runs: `RL_ARMS`, then the controls `config.controls` names."""
+    return RL_ARMS + tuple(arm for kind in config.controls for arm in CONTROLS[kind])
 
 
 def _sub(config: ml_collections.ConfigDict, stage: str, name: str, **rl: Any):
@@ -54,7 +72,11 @@ def _sub(config: ml_collections.ConfigDict, stage: str, name: str, **rl: Any):
     if rl.get("init_from"):
         c.tokenizer_path = ""
     for k, v in rl.items():
-        c.rl[k] = v
+        *path, leaf = k.split(".")  # "optim.lr": c.rl.optim.lr
+        node = c.rl
+        for part in path:
+            node = node[part]
+        node[leaf] = v
     return c
 
 
@@ -66,6 +88,10 @@ def _run_once(c: ml_collections.ConfigDict, fn, what: str) -> dict[str, Any]:
     algo = ALGO_NAMES[c.stage]
     if c.stage == "grpo" and c.rl.grpo_token == "high":
         algo += " under <|high_reward|>"
+    if c.stage in ("grpo", "rcgrpo") and c.rl.shuffle_rewards:
+        algo += ", rewards shuffled"
+    if c.stage in ("grpo", "rcgrpo") and c.rl.optim.lr == 0:
+        algo += ", lr 0"
     name = f"{Path(c.workdir).name} ({algo})"
     done = Path(c.workdir) / "summary.json"
     if done.exists():
@@ -108,13 +134,14 @@ def format_table(summary: dict[str, Any]) -> str:
     pct = lambda x: "   -  " if x is None or x != x else f"{100 * x:6.1f}"
     w = max(16, *(len(name) + 1 for name in summary["arms"]))
     lines = [
-        f"{'arm':<{w}}{'held-out %':>11}{'high-tok %':>11}{'low-tok %':>10}"
+        f"{'arm':<{w}}{'start %':>8}{'held-out %':>11}{'high-tok %':>11}{'low-tok %':>10}"
         f"{'degenerate':>11}{'entropy':>9}",
     ]
     for name, row in summary["arms"].items():
         ent = row.get("entropy")
         lines.append(
-            f"{name:<{w}}{pct(row.get('heldout_success')):>11}{pct(row.get('success_high')):>11}"
+            f"{name:<{w}}{pct(row.get('start_success')):>8}"
+            f"{pct(row.get('heldout_success')):>11}{pct(row.get('success_high')):>11}"
             f"{pct(row.get('success_low')):>10}{pct(row.get('degenerate_frac')):>11}"
             f"{'   -' if ent is None or ent != ent else f'{ent:9.3f}':>9}"
         )
@@ -131,13 +158,19 @@ def targets(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
     1. SFT lands in `SFT_BAND` from a base below `BASE_BELOW`; 2. after RCTP, success under
     `<|high_reward|>` exceeds success under `<|low_reward|>` by `CONTROL_GAP`; 3. RC-GRPO's
-    degenerate-group fraction is below SFT+GRPO's. `moved`: RL arms whose final held-out
-    success differs from their stage-1 start."""
+    degenerate-group fraction is below SFT+GRPO's. `moved`: each RL arm's final held-out
+    success minus its start, both measured by the RL stage under the arm's evaluation token
+    (a run without the start's record: the stage-1 figure)."""
     get = lambda arm, key: arms.get(arm, {}).get(key)
     base, sft = get("base", "heldout_success"), get("sft", "heldout_success")
     high, low = get("rctp", "success_high"), get("rctp", "success_low")
     deg_rc, deg_g = get("rctp_rcgrpo", "degenerate_frac"), get("sft_grpo", "degenerate_frac")
-    start = {name: get(init, "heldout_success") for name, init, *_ in RL_ARMS}
+    controls = [arm for kinds in CONTROLS.values() for arm in kinds]
+    start = {
+        name: get(name, "start_success") if get(name, "start_success") is not None
+        else get(init, "heldout_success")
+        for name, init, *_ in (*RL_ARMS, *controls)
+    }  # fmt: skip
     return {
         "sft_in_band": None if sft is None or base is None
         else bool(base < BASE_BELOW and SFT_BAND[0] <= sft <= SFT_BAND[1]),
@@ -198,14 +231,15 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             c.train.steps = int(config.rctp.train_steps)  # e.g. the same epochs over more data
         what = f"{c.train.steps} steps from {'the warm start' if start else 'the base'}"
         arms[stage] = _stage1_row(_run_once(c, functools.partial(sft.run, name=stage), what))
-    for name, init, algo, overrides in RL_ARMS:
+    arms_run = rl_arms(config)
+    for name, init, algo, overrides in arms_run:
         init_from = str(workdir / init / "export")
         c = _sub(config, algo, name, init_from=init_from, **overrides)
         arm = functools.partial(rl_loop.run, name=name)
         _run_once(c, arm, f"{c.rl.steps} iterations from {init}")
         arms[name] = rl_loop.run_stats(Path(c.workdir))
 
-    runs = {name: workdir / name / "metrics.jsonl" for name, *_ in RL_ARMS}
+    runs = {name: workdir / name / "metrics.jsonl" for name, *_ in arms_run}
     plots.plot_metrics(runs, DYNAMICS, workdir / "dynamics.png")
     summary = {
         "arms": arms,

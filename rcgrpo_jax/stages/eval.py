@@ -172,10 +172,12 @@ def _model_rollouts(
     tokenizer: Any,
     mesh: Any,
     reward_token: int | None,
+    samples: int = 0,
 ) -> list[Any]:
     """`rl.rollout.Rollouts` of `env`'s `entries` conditioned on `reward_token` (None: no
-    token), `eval.batch_size` (0 = all) at a time. Entries whose prompt alone does not fit
-    `eval.max_len` are left out (said once)."""
+    token), `eval.batch_size` (0 = all) at a time: one greedy rollout per entry (eval.temperature),
+    or with `samples` k > 0, k per entry at `eval.sample_temperature`. Entries whose prompt
+    alone does not fit `eval.max_len` are left out (said once)."""
     import numpy as np
 
     from rcgrpo_jax.rl.rollout import RolloutSettings, collect
@@ -185,7 +187,7 @@ def _model_rollouts(
         chat_format=config.model.chat_format,
         max_new_tokens=int(config.eval.max_new_tokens),
         max_len=int(config.eval.max_len),
-        temperature=float(config.eval.temperature),
+        temperature=float(config.eval.sample_temperature if samples else config.eval.temperature),
         max_steps_per_turn=int(config.env.max_steps_per_turn),
         call_timeout_s=float(config.env.call_timeout_s),
     )
@@ -198,7 +200,7 @@ def _model_rollouts(
     for i in range(0, len(entries), size):
         chunk = entries[i : i + size]
         token = NONE if reward_token is None else int(reward_token)
-        tokens = np.full((len(chunk), 1), token, np.int32)
+        tokens = np.full((len(chunk), max(samples, 1)), token, np.int32)
         out.append(collect(cfg, params, tokenizer, env, chunk, tokens, settings, seed=i, mesh=mesh))
     return out
 
@@ -210,15 +212,20 @@ def success_rate(
     mesh: Any,
     entries,
     reward_token,
+    samples: int = 0,
 ) -> float:
     """Held-out success of the model (eval.* sampling settings), conditioned on `reward_token`
-    (None: no token) — for periodic RL evaluation and the RCTP controllability report."""
+    (None: no token) — for periodic RL evaluation and the RCTP controllability report. With
+    `samples` k > 0: the mean success of k rollouts per entry at `eval.sample_temperature`
+    (sees a policy's change before its greedy choice flips)."""
     env = setup.environment(config)
     rewards = [
         float(x)
-        for ro in _model_rollouts(config, env, entries, model, tokenizer, mesh, reward_token)
-        for x in ro.rewards[:, 0]
-    ]  # every entry's reward, whichever process ran it
+        for ro in _model_rollouts(
+            config, env, entries, model, tokenizer, mesh, reward_token, samples
+        )
+        for x in ro.rewards.reshape(-1)
+    ]  # every rollout's reward, whichever process ran it
     return sum(rewards) / max(len(rewards), 1)
 
 

@@ -11,10 +11,14 @@ One RL iteration, read top to bottom:
    `rl.dynamic_max_rounds` rounds; the kept groups go into a batch of P groups, any short of P
    masked out (`group_mask`), so the step never recompiles for their number;
 4. `rl.epochs` × `rl.minibatches` fused train steps over whole groups (advantages in the step),
-   with the loss `rl.objective` names; each step also draws the next iteration's reward tokens;
+   with the loss `rl.objective` names; each step also draws the next iteration's reward tokens.
+   A step whose groups are all degenerate is not applied (params, Adam's moments and the
+   schedule untouched: `train.state`); `applied_frac` logs how many were. With
+   `rl.shuffle_rewards` (the control) the step's rewards are permuted across the batch;
 5. log (with the first update's rollout-trainer agreement: |log p_train - log p_sampler| over
-   generated tokens and max |ratio - 1|), evaluate every `rl.eval_every` iterations
-   (conditioned on `<|high_reward|>` where the rollouts carry it),
+   generated tokens and max |ratio - 1|), evaluate at the start (the record of iteration 0)
+   and every `rl.eval_every` iterations, always under one token (`evaluation_token`), greedy
+   and, with `eval.samples` k, the mean of k samples per entry,
    checkpoint every `rl.checkpoint_every`; at the end export an HF directory and plot dynamics.
 
 Every generated trajectory counts against `rl.max_rollouts` (default: steps × P × G): the run
@@ -38,6 +42,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import sys
 import time
 from pathlib import Path
@@ -84,6 +89,13 @@ def token_draw(algo: str, rl: ml_collections.ConfigDict, seed: int) -> TokenDraw
         seed=int(seed), num_groups=int(rl.num_prompts), group_size=int(rl.group_size),
         p_high=float(rl.p_high), stratified=bool(rl.stratified), fixed=fixed,
     )  # fmt: skip
+
+
+def evaluation_token(algo: str, rl: ml_collections.ConfigDict) -> int | None:
+    """The token an arm is evaluated under, at its start and at every later evaluation: the
+    high token where its rollouts carry reward tokens (RC-GRPO; GRPO under `grpo_token`
+    "high"), none otherwise."""
+    return HIGH if algo == "rcgrpo" or rl.grpo_token == "high" else None
 
 
 def reward_tokens_for(
@@ -149,20 +161,46 @@ def _global(x: np.ndarray, mesh) -> jax.Array:
     return distributed.global_from_host(x, batch_sharding(mesh, x.shape))
 
 
+def shuffled(rewards: np.ndarray, seed: int, iteration: int) -> np.ndarray:
+    """`rewards` [n, G] permuted across all n x G rollouts (`rl.shuffle_rewards`, the control):
+    the batch's reward distribution kept, its link to the trajectories broken."""
+    rng = np.random.default_rng([seed, iteration, 0x5EED])
+    return rng.permutation(rewards.reshape(-1)).reshape(rewards.shape)
+
+
+def heldout(config, cfg, tokenizer, mesh, entries, token, params) -> dict[str, float]:
+    """The RL evaluation record: greedy held-out success (`eval_success`) and, with
+    `eval.samples` k, the mean success of k samples per entry (`eval_sampled`)."""
+    model = (cfg, params)
+    out = {"eval_success": success_rate(config, model, tokenizer, mesh, entries, token)}
+    if int(config.eval.samples):
+        k = int(config.eval.samples)
+        out["eval_sampled"] = success_rate(config, model, tokenizer, mesh, entries, token, k)
+    return out
+
+
 def run_stats(workdir: Path) -> dict[str, float]:
     """Over an RL run (its metrics.jsonl): mean degenerate-group fraction, entropy and reward,
-    and the last held-out success."""
+    the fraction of updates applied, and held-out success at the start (the record of
+    iteration 0) and at the end (the last evaluation); sampled success too where measured."""
     rows = read_jsonl(workdir / "metrics.jsonl")
-    evals = [r["eval_success"] for r in rows if r.get("eval_success") is not None]
+    evals = [r for r in rows if r.get("eval_success") is not None]
+    first = lambda k: evals[0].get(k, float("nan")) if evals and evals[0]["step"] == 0 else None
+    last = lambda k: evals[-1].get(k, float("nan")) if evals else float("nan")
     # a value is null (NaN) in an iteration without an update (dynamic sampling found no group)
     values = lambda k: [r[k] for r in rows if r.get(k) is not None]
     mean = lambda k: float(np.mean(values(k))) if values(k) else float("nan")
-    return {
-        "heldout_success": evals[-1] if evals else float("nan"),
+    out = {
+        "start_success": first("eval_success"),
+        "heldout_success": last("eval_success"),
         "degenerate_frac": mean("degenerate_frac"),
         "entropy": mean("entropy"),
         "reward_mean": mean("reward_mean"),
+        "applied_frac": mean("applied_frac"),
     }
+    if any("eval_sampled" in r for r in evals):
+        out.update(sampled_start=first("eval_sampled"), sampled_success=last("eval_sampled"))
+    return out
 
 
 def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
@@ -207,7 +245,7 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
     # a checkpoint without the count: made when every iteration generated P x G
     generated = int(t.data_state.get("generated_rollouts", start * p_ * g_))
 
-    eval_token = HIGH if algo == "rcgrpo" or rl.grpo_token == "high" else None
+    eval_token = evaluation_token(algo, rl)
     main = distributed.is_main_process()
     with contextlib.ExitStack() as stack:
         stack.callback(ckpt.close)  # last out: waits for the final save
@@ -226,6 +264,11 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
         history = list(writer.previous)
         done = start
         tokens = reward_tokens_for(tokens_draw, start)  # later iterations': from the step
+        evaluate = functools.partial(heldout, config, cfg, tokenizer, mesh, test_pool, eval_token)
+        # the start, under the same token as every later evaluation (once: a run killed before
+        # its first checkpoint resumes at 0 with this record kept)
+        if start == 0 and rl.eval_every and not any(r["step"] == 0 for r in history):
+            history.append(writer.write(0, evaluate(state.params)))
         for it in range(start, int(rl.steps)):
             if budget - generated < g_:
                 break
@@ -258,7 +301,10 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
             step_metrics = []
             tokens = None
             if trained.any():
-                batch = padded_batch(ro.batch(gather_head), trained, p_, mbs, ga)
+                batch = ro.batch(gather_head)
+                if rl.shuffle_rewards:
+                    batch["rewards"] = shuffled(batch["rewards"], config.seed, it)
+                batch = padded_batch(batch, trained, p_, mbs, ga)
                 if ref_params is not None:
                     batch["ref_logprobs"] = _ref_logprobs(cfg, ref_params, batch, mesh)
                 for _ in range(int(rl.epochs)):
@@ -287,9 +333,7 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
                 _warn_env_errors(it + 1, ro.errors)
             last = it + 1 == int(rl.steps) or budget - generated < g_
             if rl.eval_every and ((it + 1) % int(rl.eval_every) == 0 or last):
-                record["eval_success"] = success_rate(
-                    config, (cfg, state.params), tokenizer, mesh, test_pool, eval_token
-                )
+                record.update(evaluate(state.params))
             history.append(writer.write(it + 1, record))
             done = it + 1
             ckpt.save(done, state, {"iteration": done, "generated_rollouts": generated})
@@ -310,9 +354,12 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
     line = ""  # process 0 alone prints (and has the metrics file)
     if main:
         stats = run_stats(workdir)
+        begin = stats["start_success"]
         line = (
-            f"{name or algo}: held-out success {stats['heldout_success']:.1%}, "
-            f"degenerate groups {stats['degenerate_frac']:.1%}"
+            f"{name or algo}: held-out success "
+            + ("" if begin is None else f"{begin:.1%} -> ")
+            + f"{stats['heldout_success']:.1%}, degenerate groups {stats['degenerate_frac']:.1%}"
+            + f", updates applied {stats['applied_frac']:.0%}"
         )
     setup.finish(t, state.params, summary, line)
     return summary
@@ -353,6 +400,10 @@ def _iteration_record(step_metrics: list[dict], ro, update_s: float) -> dict[str
         "kl": means["kl"],
         "clip_frac": means["clip_frac"],
         "skipped": means["skipped"],
+        # of the iteration's update calls, those applied (not skipped: no signal, non-finite)
+        "applied_frac": float(np.mean([1.0 - float(m["update_skipped"]) for m in step_metrics]))
+        if step_metrics
+        else 0.0,
         "reward_mean": float(rewards.mean()),
         "reward_high": with_token(HIGH),
         "reward_low": with_token(LOW),

@@ -3,9 +3,11 @@
 Skip semantics (decided here, relied on by checkpoints and loops):
 - `step` counts train-step *calls* (= batches consumed); it advances even when the update is
   skipped, so the data-iterator position, the checkpoint numbering and `step` always agree.
-- A step whose loss or any gradient is non-finite leaves `params` and `opt_state` bit-for-bit
-  unchanged (the LR schedule, which lives in `opt_state`, does not advance either) and adds 1 to
-  `skipped`. Applied optimizer updates = `step - skipped`.
+- A step whose loss or any gradient is non-finite, or whose loss says its batch carries no
+  signal (aux `signal_max` == 0: the RL loss with no informative group), leaves `params` and
+  `opt_state` bit-for-bit unchanged (the LR schedule, which lives in `opt_state`, does not
+  advance either) and adds 1 to `skipped`. Applied optimizer updates = `step - skipped`. A
+  zero gradient must not reach Adam: its moments would still move every weight.
 - The rng advances on every call, skipped or not.
 
 Loss protocol: `loss_fn(params, batch, rng) -> (loss, aux)` with `aux` a dict of scalars. Two aux
@@ -293,7 +295,7 @@ def make_train_step(
         key, sub = jax.random.split(jax.random.wrap_key_data(state.rng))
         loss, grads, aux = _loss_and_grads(loss_fn, state.params, batch, sub, grad_accum)
         grad_norm = optax.global_norm(grads)
-        ok = jnp.isfinite(loss) & _all_finite(grads)
+        ok = jnp.isfinite(loss) & _all_finite(grads) & (aux.get("signal_max", 1.0) > 0)
         updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
         new_params = optax.apply_updates(state.params, updates)
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
