@@ -192,7 +192,7 @@ RULES: dict[str, Rule] = {
     "workdir": text,
     "seed": integer(0),
     "compile.cache": boolean,
-    "controls": subset(("shuffled", "lr0")),
+    "controls": subset(("shuffled", "lr0"), allow_empty=True),
     "compile.cache_dir": text,
     "mesh.shape": mesh_shape,
     "model.hf_path": existing_path,

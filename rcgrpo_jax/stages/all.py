@@ -23,7 +23,9 @@ on its own; a finished stage (its `summary.json` exists) is not run again. Every
 same budget of generated trajectories (`rl.max_rollouts`, default steps x P x G) and at most
 `rl.steps` iterations; the dynamic arm spends its budget faster, so it may run fewer.
 Results: `summary.json` (per arm, and the demo's three targets), a printed table, and
-`dynamics.png` (reward, degenerate-group fraction, entropy per RL iteration, one line per arm).
+`dynamics.png` (reward, degenerate-group fraction, entropy per RL iteration, one line per arm)
+and `rl.png` (held-out success at the evaluations, training reward under each token, degenerate
+fraction, entropy, and entropy against reward, per arm).
 """
 
 from __future__ import annotations
@@ -241,6 +243,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
     runs = {name: workdir / name / "metrics.jsonl" for name, *_ in arms_run}
     plots.plot_metrics(runs, DYNAMICS, workdir / "dynamics.png")
+    plots.plot_rl(runs, workdir / "rl.png", title="RL arms: held-out success, reward, dynamics")
     summary = {
         "arms": arms,
         "targets": targets(arms),

@@ -197,6 +197,8 @@ def run_stats(workdir: Path) -> dict[str, float]:
         "entropy": mean("entropy"),
         "reward_mean": mean("reward_mean"),
         "applied_frac": mean("applied_frac"),
+        "all_pass_frac": mean("all_pass_frac"),
+        "all_fail_frac": mean("all_fail_frac"),
     }
     if any("eval_sampled" in r for r in evals):
         out.update(sampled_start=first("eval_sampled"), sampled_success=last("eval_sampled"))
@@ -408,6 +410,9 @@ def _iteration_record(step_metrics: list[dict], ro, update_s: float) -> dict[str
         "reward_high": with_token(HIGH),
         "reward_low": with_token(LOW),
         "degenerate_frac": float(np.asarray(degenerate_groups(rewards)).mean()),
+        # the prompt pool's pass rates: groups all solved / all failed (degenerate = their sum)
+        "all_pass_frac": float((rewards == 1).all(1).mean()),
+        "all_fail_frac": float((rewards == 0).all(1).mean()),
         "abs_adv_mean": means["abs_adv_mean"],
         "logp_gap_mean": first["logp_gap_mean"],
         "logp_gap_max": first["logp_gap_max"],

@@ -1,20 +1,34 @@
-"""Stage `all` over several seeds: the demo's targets per seed and each arm's mean ± 95% CI.
+"""Stage `all` over several seeds (and compiles): what RL did, per arm and arm against arm.
 
     python -m rcgrpo_jax.tools.seeds --config=configs/tiny.py --seeds=0,1,2,3,4 \
-        --workdir=runs/seeds [--config.model.scan_layers=True ...]
+        --workdir=runs/seeds [--pool=runs/avx2,...] [--config.model.scan_layers=True ...]
 
 Each seed runs `--config.seed=N` in `<workdir>/seed_N` (resumable: a finished seed is read back,
-not rerun). The table and `<workdir>/seeds.json` give, per seed, every arm's held-out success,
-the degenerate-group fractions, the three targets and the wall time; per arm, the mean and a 95%
-Student-t interval over the seeds of its final held-out success and of its change from its
-stage-1 start. One seed is one sample of everything that is random in training (data order,
-sampling, RL); the tasks are `env.synthetic.seed`'s and stay fixed.
+not rerun). `--pool` adds the finished `DIR/seed_N` runs of other workdirs, e.g. the same seeds
+compiled under `XLA_FLAGS=--xla_cpu_max_isa=AVX2`: a different rounding is another sample of
+training's chaos, so it joins the aggregate as `seed_N@<basename of DIR>`. Two runs whose
+results are bit-identical (a seed the other compile did not perturb) are one sample, counted
+once, and the report says which.
+
+Per arm, over the distinct runs: held-out success at RL's start (under the arm's own evaluation
+token), at the end, and the change, each mean ± 95% Student-t half-width. The comparison a
+reader needs is paired (the same seed's arms share their stage-1 model and tasks), so the paired
+table gives, per run, arm minus arm, then the interval of those differences: RCTP → RC-GRPO
+against SFT → GRPO and against RCTP → GRPO (the same start without conditioned sampling),
+SFT → RC-GRPO against SFT → GRPO; an arm against its shuffled-reward control (RL that learns
+from the reward moves more than RL that does not); and the lr-0 control's change, which must be
+exactly 0 (else the start and end evaluations differ for reasons other than training).
+Printed, and written to `<workdir>/seeds.txt` and `<workdir>/seeds.json`. On the synthetic
+environment each seed also draws its own tasks (`env.synthetic.seed` = the seed), so the
+held-out set varies with the seed and is the same for every arm of one seed.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +38,18 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from rcgrpo_jax import config_check, logs
+from rcgrpo_jax.errors import UserError
 
 TARGETS = ("sft_in_band", "rctp_controllable", "rcgrpo_less_degenerate")
+STAGE1 = ("base", "warm_start", "sft", "rctp")  # every other arm of a summary is an RL arm
+# (a, b): a − b per run; rctp_grpo is RC-GRPO's own start without conditioned sampling
+PAIRS = (("rctp_rcgrpo", "sft_grpo"), ("rctp_rcgrpo", "rctp_grpo"), ("sft_rcgrpo", "sft_grpo"))
+# the per-arm values, in the order the record lists them
+KEYS = (
+    "start_success", "heldout_success", "change", "sampled_start", "sampled_success",
+    "sampled_change", "success_high", "success_low", "degenerate_frac", "entropy", "reward_mean",
+)  # fmt: skip
+Runs = dict[Any, dict[str, Any]]  # label -> a run's summary.json
 
 
 def interval(values: list[float]) -> dict[str, float]:
@@ -39,63 +63,207 @@ def interval(values: list[float]) -> dict[str, float]:
     return {"mean": float(x.mean()), "ci95": half, "n": len(x)}
 
 
-def aggregate(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """Per arm: final held-out success and RL change, as mean ± 95% CI over the seeds."""
-    from rcgrpo_jax.stages.all import RL_ARMS
+def _results(obj: Any) -> Any:
+    """`obj` without its timing (wall_s, tokens_per_s, ...) and printed tables: what must match
+    for two runs to be one sample."""
+    if isinstance(obj, dict):
+        timing = lambda k, v: str(k).endswith("_s") and isinstance(v, int | float)
+        return {k: _results(v) for k, v in obj.items() if k != "table" and not timing(k, v)}
+    return obj
 
+
+def distinct(per_run: Runs) -> tuple[Runs, list[tuple[Any, Any]]]:
+    """The runs with distinct results (arms and targets), first label kept, and the
+    (dropped, identical-to) pairs: a bit-identical repeat adds no information, and counting it
+    would shrink the intervals."""
+    seen: dict[str, Any] = {}
+    kept: Runs = {}
+    dropped: list[tuple[Any, Any]] = []
+    for label, s in per_run.items():
+        key = json.dumps(_results({"a": s.get("arms"), "t": s.get("targets")}), sort_keys=True)
+        if key in seen:
+            dropped.append((label, seen[key]))
+        else:
+            seen[key], kept[label] = label, s
+    return kept, dropped
+
+
+def _num(x: Any) -> float | None:
+    return None if x is None or x != x else float(x)
+
+
+def values(summary: dict[str, Any], name: str) -> dict[str, float]:
+    """One run's numbers for arm `name` (absent or NaN: left out). An RL arm's change is its
+    end minus its start; a run older than the start's record has only `targets.moved`, so its
+    start is end − moved."""
+    row = summary["arms"].get(name, {})
+    out = {k: _num(row.get(k)) for k in KEYS}
+    if name not in STAGE1:
+        end, start = out["heldout_success"], out["start_success"]
+        moved = _num(summary.get("targets", {}).get("moved", {}).get(name))
+        if start is None and end is not None and moved is not None:
+            start, out["change"] = end - moved, moved
+        elif start is not None and end is not None:
+            out["change"] = end - start
+        out["start_success"] = start
+        s0, s1 = out["sampled_start"], out["sampled_success"]
+        out["sampled_change"] = None if s0 is None or s1 is None else s1 - s0
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def verdict(row: dict[str, float]) -> str:
+    """Where the 95% interval lies relative to 0 (one value has no interval)."""
+    if row["n"] < 2:
+        return "n < 2"
+    lo, hi = row["mean"] - row["ci95"], row["mean"] + row["ci95"]
+    return "> 0" if lo > 0 else "< 0" if hi < 0 else "includes 0"
+
+
+def paired(vals: dict[Any, dict[str, dict[str, float]]]) -> dict[str, dict[str, Any]]:
+    """Per-run differences over the runs that have both arms, as mean ± 95% CI: the seed's
+    own noise (its stage-1 model, its task order) cancels, which unpaired intervals cannot see."""
+    diff = lambda a, b, k: [
+        v[a][k] - v[b][k] for v in vals.values() if k in v.get(a, {}) and k in v.get(b, {})
+    ]
+    test = lambda d: None if not d else {**(iv := interval(d)), "verdict": verdict(iv)}
+    rows: dict[str, Any] = {}
+    for a, b in PAIRS:
+        rows[f"final {a} - {b}"] = test(diff(a, b, "heldout_success"))
+        rows[f"change {a} - {b}"] = test(diff(a, b, "change"))
+    names = list(dict.fromkeys(n for v in vals.values() for n in v))
+    for n in names:
+        if n.endswith("_shuffled") and n.removesuffix("_shuffled") in names:
+            a = n.removesuffix("_shuffled")
+            rows[f"change {a} - {n}"] = test(diff(a, n, "change"))
+    for n in (n for n in names if n.endswith("_lr0")):
+        if d := [v[n]["change"] for v in vals.values() if "change" in v.get(n, {})]:
+            top = max(abs(x) for x in d)
+            note = "= 0 exactly" if top == 0 else f"NOT 0: max |x| {100 * top:.1f}"
+            rows[f"change {n}"] = {**interval(d), "verdict": note, "max_abs": top}
+    return {k: v for k, v in rows.items() if v}
+
+
+def aggregate(per_run: Runs, dropped: Sequence[tuple[Any, Any]] = ()) -> dict[str, Any]:
+    """Per arm every value as mean ± 95% CI, the paired differences, and how many runs meet
+    each target, over the runs given (the caller passes `distinct`'s kept runs and its pairs)."""
+    names = list(dict.fromkeys(n for s in per_run.values() for n in s["arms"]))
+    vals = {label: {n: values(s, n) for n in s["arms"]} for label, s in per_run.items()}
     arms: dict[str, Any] = {}
-    names = list(next(iter(per_seed.values()))["arms"])
     for name in names:
-        rows = [s["arms"][name] for s in per_seed.values()]
-        arms[name] = {"heldout_success": interval([r["heldout_success"] for r in rows])}
-        for key in ("success_high", "success_low", "degenerate_frac"):
-            if rows[0].get(key) is not None:
-                arms[name][key] = interval([r[key] for r in rows])
-    for name, *_ in RL_ARMS:
-        if name in arms:
-            moved = [s["targets"]["moved"][name] for s in per_seed.values()]
-            arms[name]["change"] = interval(moved)
-    met = {t: sum(bool(s["targets"][t]) for s in per_seed.values()) for t in TARGETS}
-    all_met = sum(all(s["targets"][t] for t in TARGETS) for s in per_seed.values())
-    return {"arms": arms, "targets_met": met, "seeds_meeting_all": all_met}
+        rows = [v[name] for v in vals.values() if name in v]
+        arms[name] = {
+            k: interval([r[k] for r in rows if k in r]) for k in KEYS if any(k in r for r in rows)
+        }
+    targets = [s.get("targets", {}) for s in per_run.values()]
+    return {
+        "distinct": list(per_run),
+        "dropped": [list(p) for p in dropped],
+        "arms": arms,
+        "paired": paired(vals),
+        "targets_met": {t: sum(bool(g.get(t)) for g in targets) for t in TARGETS},
+        "seeds_meeting_all": sum(all(g.get(t) for t in TARGETS) for g in targets),
+    }
 
 
-def format_report(per_seed: dict[int, dict[str, Any]], agg: dict[str, Any]) -> str:
-    pct = lambda x: "  -  " if x is None else f"{100 * x:5.1f}"
-    mark = lambda ok: "yes" if ok else "NO"
+def _cell(iv: dict[str, float] | None, signed: bool = False, width: int = 15) -> str:
+    """`mean ± ci` in percent (points for a change), right-aligned to `width`."""
+    if iv is None:
+        return "-".rjust(width)
+    sign = "+" if signed else ""
+    return f"{100 * iv['mean']:{sign}.1f} ± {100 * iv['ci95']:.1f}".rjust(width)
+
+
+def format_report(per_run: Runs, agg: dict[str, Any]) -> str:
+    """The per-run table, targets and distinct runs; a blank line; per arm start, end and
+    change; a blank line; the paired differences."""
+    pct = lambda x: "  -  " if _num(x) is None else f"{100 * x:5.1f}"
+    mark = lambda ok: "-" if ok is None else "yes" if ok else "NO"
+    get = lambda s, arm, key: s["arms"].get(arm, {}).get(key)
+    lw = max(4, *(len(str(label)) for label in per_run))
     lines = [
-        f"{'seed':>4} {'base':>5} {'sft':>5} {'high':>5} {'low':>5} {'deg g':>6} {'deg rc':>6}"
+        f"{'run':<{lw}} {'base':>5} {'sft':>5} {'high':>5} {'low':>5} {'deg g':>6} {'deg rc':>6}"
         f"  targets 1/2/3   wall s"
     ]
-    for seed, s in per_seed.items():
-        a, t = s["arms"], s["targets"]
+    for label, s in per_run.items():
+        t = s.get("targets", {})
+        wall = s.get("wall_s")
         lines.append(
-            f"{seed:>4} {pct(a['base']['heldout_success'])} {pct(a['sft']['heldout_success'])} "
-            f"{pct(a['rctp']['success_high'])} {pct(a['rctp']['success_low'])} "
-            f"{pct(a['sft_grpo']['degenerate_frac']):>6} "
-            f"{pct(a['rctp_rcgrpo']['degenerate_frac']):>6}  "
-            f"{'/'.join(mark(t[k]) for k in TARGETS):<15} {s['wall_s']:6.0f}"
+            f"{label!s:<{lw}} {pct(get(s, 'base', 'heldout_success'))} "
+            f"{pct(get(s, 'sft', 'heldout_success'))} {pct(get(s, 'rctp', 'success_high'))} "
+            f"{pct(get(s, 'rctp', 'success_low'))} {pct(get(s, 'sft_grpo', 'degenerate_frac')):>6} "
+            f"{pct(get(s, 'rctp_rcgrpo', 'degenerate_frac')):>6}  "
+            f"{'/'.join(mark(t.get(k)) for k in TARGETS):<15} "
+            f"{'-' if wall is None else f'{wall:.0f}':>6}"
         )
-    n = len(per_seed)
+    n = len(agg["distinct"])
     lines.append(
         "targets met: "
         + ", ".join(f"{k} {v}/{n}" for k, v in agg["targets_met"].items())
         + f"; all three {agg['seeds_meeting_all']}/{n}"
     )
-    w = max(14, *(len(name) + 1 for name in agg["arms"]))
-    lines.append(f"\n{'arm':<{w}}{'held-out % (mean ± 95% CI)':>28}{'RL change, points':>22}")
-    for name, row in agg["arms"].items():
-        h = row["heldout_success"]
-        ch = row.get("change")
-        change = f"{100 * ch['mean']:+6.1f} ± {100 * ch['ci95']:4.1f}" if ch else "-"
-        lines.append(f"{name:<{w}}{100 * h['mean']:>19.1f} ± {100 * h['ci95']:4.1f}{change:>24}")
-    return "\n".join(lines)
+    same = "; ".join(f"{d} is bit-identical to {k}: counted once" for d, k in agg["dropped"])
+    lines.append(f"distinct runs: {n} (dropped: {same or 'none'})")
+
+    arms = agg["arms"]
+    cols = [("start_success", "start %"), ("heldout_success", "end %"), ("change", "change pts")]
+    if any("sampled_success" in row for row in arms.values()):
+        cols += [("sampled_start", "sampled start %"), ("sampled_success", "sampled end %"),
+                 ("sampled_change", "sampled change")]  # fmt: skip
+    w = max(17, *(len(name) + 1 for name in arms))
+    table = [f"{'arm':<{w}}{'n':>3}" + "".join(f"{h:>16}" for _, h in cols)]
+    for name, row in arms.items():
+        table.append(
+            f"{name:<{w}}{row['heldout_success']['n'] if 'heldout_success' in row else 0:>3}"
+            + "".join(_cell(row.get(k), "change" in k, 16) for k, _ in cols)
+        )
+    paired_rows = agg["paired"]
+    pw = max(32, *(len(name) + 1 for name in paired_rows)) if paired_rows else 32
+    pairs = [f"{'paired (per run, points)':<{pw}}{'mean ± 95% CI':>15}{'n':>4}  verdict"]
+    for name, row in paired_rows.items():
+        pairs.append(f"{name:<{pw}}{_cell(row, True)}{row['n']:>4}  {row['verdict']}")
+    return "\n".join(lines) + "\n\n" + "\n".join(table) + "\n\n" + "\n".join(pairs)
+
+
+def _seed_of(path: Path) -> int | None:
+    m = re.fullmatch(r"seed_(\d+)", path.name)
+    return int(m.group(1)) if m else None
+
+
+def read_runs(
+    workdir: Path,
+    seeds: Sequence[int],
+    pool: Sequence[Path] = (),
+    run: Callable[[int], dict[str, Any]] | None = None,
+) -> Runs:
+    """Every run, labelled: `seed_N` for `workdir`'s seeds (a missing one made by `run`) and
+    `seed_N@<basename>` for every finished run in each pool directory. The pool is checked
+    before anything runs, so a typo does not cost a training."""
+    pooled: Runs = {}
+    for d in map(Path, pool):
+        found = sorted((s, p) for p in d.glob("seed_*") if (s := _seed_of(p)) is not None)
+        found = [(s, p / "summary.json") for s, p in found if (p / "summary.json").exists()]
+        if not found:
+            raise UserError(f"--pool={d}: no finished seed_N/summary.json there")
+        for seed, path in found:
+            label = f"seed_{seed}@{d.name}"
+            if label in pooled:
+                raise UserError(f"--pool: two directories named {d.name!r}; rename one")
+            pooled[label] = json.loads(path.read_text())
+    runs: Runs = {}
+    for seed in seeds:
+        path = Path(workdir) / f"seed_{seed}" / "summary.json"
+        if path.exists():
+            runs[f"seed_{seed}"] = json.loads(path.read_text())
+        elif run is not None:
+            runs[f"seed_{seed}"] = run(seed)
+        else:
+            raise UserError(f"seed {seed}: {path} does not exist")
+    return runs | pooled
 
 
 def main(argv: list[str]) -> int:
     del argv
     logs.configure(verbose=flags.FLAGS["verbosity"].present)
-    from rcgrpo_jax.errors import UserError
     from rcgrpo_jax.stages import all as experiment
 
     config = _CONFIG.value
@@ -111,17 +279,25 @@ def main(argv: list[str]) -> int:
     except (ValueError, UserError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    per_seed: dict[int, dict[str, Any]] = {}
-    for seed in seeds:
+
+    def run_seed(seed: int) -> dict[str, Any]:
         c = ml_collections.ConfigDict(config.to_dict())
         c.seed, c.workdir = seed, str(workdir / f"seed_{seed}")
-        done = Path(c.workdir) / "summary.json"
+        if c.env.benchmark == "synthetic":  # each seed its own tasks, held-out ones included
+            c.env.synthetic.seed = seed
         print(f"seed {seed}: {c.workdir}", flush=True)
-        per_seed[seed] = json.loads(done.read_text()) if done.exists() else experiment.run(c)
-    agg = aggregate(per_seed)
-    report = format_report(per_seed, agg)
-    record = {"seeds": per_seed, **agg}
-    (workdir / "seeds.json").write_text(json.dumps(record, indent=1) + "\n")
+        return experiment.run(c)
+
+    try:
+        per_run = read_runs(workdir, seeds, [Path(p) for p in _POOL.value], run_seed)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    kept, dropped = distinct(per_run)
+    agg = aggregate(kept, dropped)
+    report = format_report(per_run, agg)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "seeds.json").write_text(json.dumps({"runs": per_run, **agg}, indent=1) + "\n")
     (workdir / "seeds.txt").write_text(report + "\n")
     print(report)
     return 0
@@ -129,10 +305,13 @@ def main(argv: list[str]) -> int:
 
 def _define_flags() -> None:
     """Flags are defined only when run as a command (the module is also imported by tests)."""
-    global _CONFIG, _SEEDS, _WORKDIR
+    global _CONFIG, _SEEDS, _WORKDIR, _POOL
     _CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny.py", "Stage `all` config.")
     _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2", "3", "4"], "Seeds to run.")
     _WORKDIR = flags.DEFINE_string("workdir", "runs/seeds", "One sub-directory per seed.")
+    _POOL = flags.DEFINE_list(
+        "pool", [], "Other workdirs whose finished seed_N runs join the aggregate (not run)."
+    )
 
 
 if __name__ == "__main__":

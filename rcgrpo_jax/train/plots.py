@@ -71,3 +71,140 @@ def plot_metrics(
     fig.savefig(out_path, dpi=100)
     plt.close(fig)
     return out_path
+
+
+# ------------------------------------------------------------------------------ RL summary
+
+RL_PANELS = (
+    "held-out success",
+    "training reward",
+    "degenerate groups",
+    "entropy",
+    "entropy-reward",
+)
+
+
+def _pairs(records: list[dict], kx: str, ky: str) -> tuple[list[float], list[float]]:
+    """(x, y) of the records where both keys hold finite numbers, in file order."""
+    xs, ys = [], []
+    for r in records:
+        _, x = _series([r], kx)
+        _, y = _series([r], ky)
+        if x and y:
+            xs.append(x[0])
+            ys.append(y[0])
+    return xs, ys
+
+
+def rl_series(
+    records: list[dict], *, smooth: int = 4
+) -> dict[str, tuple[list[float], list[float]]]:
+    """The series `plot_rl` draws for one run, {name: (xs, ys)}, empty ones left out: eval_success
+    and eval_sampled raw (step 0 first); reward_high / reward_low smoothed, or reward_mean when the
+    run has no token rewards; degenerate_frac and entropy smoothed; "entropy_reward" the raw
+    (entropy, reward_mean) pairs. NaN, null and absent values are dropped per series."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for key in ("eval_success", "eval_sampled"):
+        out[key] = _series(records, key)
+    tokens = {k: _series(records, k) for k in ("reward_high", "reward_low")}
+    if any(xs for xs, _ in tokens.values()):
+        reward_keys = tokens
+    else:
+        reward_keys = {"reward_mean": _series(records, "reward_mean")}
+    for key, (xs, ys) in reward_keys.items():
+        out[key] = (xs, _smooth(ys, smooth))
+    for key in ("degenerate_frac", "entropy"):
+        xs, ys = _series(records, key)
+        out[key] = (xs, _smooth(ys, smooth))
+    out["entropy_reward"] = _pairs(records, "entropy", "reward_mean")
+    return {k: v for k, v in out.items() if v[0]}
+
+
+def _rl_figure(
+    data: Mapping[str, list[dict]], *, smooth: int = 4, title: str | None = None
+) -> plt.Figure:
+    from matplotlib.lines import Line2D
+
+    fig, axes = plt.subplots(len(RL_PANELS), 1, figsize=(8, 2.8 * len(RL_PANELS)))
+    ax_eval, ax_rew, ax_deg, ax_ent, ax_er = axes
+    arm_handles = []
+    for i, (label, records) in enumerate(data.items()):
+        c = f"C{i % 10}"
+        arm_handles.append(Line2D([], [], color=c, label=label, linewidth=2))
+        s = rl_series(records, smooth=smooth)
+        line = dict(color=c, linewidth=1.3)
+        if "eval_success" in s:
+            ax_eval.plot(*s["eval_success"], "-o", markersize=4, **line)
+        if "eval_sampled" in s:
+            ax_eval.plot(*s["eval_sampled"], "--s", markersize=3, **line)
+        for key, ls in (("reward_high", "-"), ("reward_low", ":"), ("reward_mean", "-")):
+            if key in s:
+                ax_rew.plot(*s[key], linestyle=ls, **line)
+        if "degenerate_frac" in s:
+            ax_deg.plot(*s["degenerate_frac"], **line)
+        if "entropy" in s:
+            ax_ent.plot(*s["entropy"], **line)
+        if "entropy_reward" in s:
+            ex, ry = s["entropy_reward"]
+            ax_er.scatter(ex, ry, color=c, s=10, alpha=0.45)
+            # Direction of travel: from the mean of the first few points to that of the last few.
+            k = max(1, min(smooth, len(ex) // 2))
+            if len(ex) >= 2:
+                start = (sum(ex[:k]) / k, sum(ry[:k]) / k)
+                end = (sum(ex[-k:]) / k, sum(ry[-k:]) / k)
+                ax_er.annotate(
+                    "", xy=end, xytext=start, arrowprops=dict(arrowstyle="->", color=c, lw=1.8)
+                )
+            ax_er.scatter(ex[-1:], ry[-1:], color=c, s=60, marker="*", edgecolors="black", lw=0.5)
+
+    ax_eval.set_ylabel("held-out success")
+    ax_eval.legend(
+        handles=arm_handles
+        + [
+            Line2D([], [], color="gray", linestyle="-", marker="o", label="greedy"),
+            Line2D([], [], color="gray", linestyle="--", marker="s", label="sampled (T=1)"),
+        ],
+        fontsize=8,
+    )
+    ax_rew.set_ylabel(f"train reward (smooth {smooth})")
+    ax_rew.legend(
+        handles=[
+            Line2D([], [], color="gray", linestyle="-", label="<|high_reward|> / mean"),
+            Line2D([], [], color="gray", linestyle=":", label="<|low_reward|>"),
+        ],
+        fontsize=8,
+    )
+    ax_deg.set_ylabel("degenerate-group frac")
+    ax_ent.set_ylabel("policy entropy")
+    for ax in (ax_eval, ax_rew, ax_deg, ax_ent):
+        ax.set_xlabel("RL iteration")
+        ax.grid(alpha=0.3)
+    ax_er.set_xlabel("policy entropy")
+    ax_er.set_ylabel("reward_mean")
+    ax_er.set_title("entropy vs reward per iteration (arrow: start → end, ★ last)", fontsize=9)
+    ax_er.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_rl(
+    runs: Mapping[str, str | Path],
+    out_path: str | Path,
+    *,
+    smooth: int = 4,
+    title: str | None = None,
+) -> Path:
+    """One PNG to judge whether RL helps, {arm: metrics.jsonl} in, one colour per arm: held-out
+    success (greedy solid, sampled dashed, from step 0), training reward per reward token
+    (high solid, low dotted; reward_mean for arms without tokens), degenerate-group fraction,
+    policy entropy, and entropy against reward (the paper ties falling entropy to rising reward).
+    Training curves are smoothed over `smooth` points; missing or NaN values are skipped."""
+    data = {label: read_jsonl(p) for label, p in runs.items()}
+    fig = _rl_figure(data, smooth=smooth, title=title)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+    return out_path

@@ -1,0 +1,88 @@
+"""plot_rl: the RL summary PNG, and the series it draws from metrics.jsonl records."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import matplotlib.pyplot as plt
+import pytest
+
+from rcgrpo_jax.train import plots
+
+
+def _write(path, records):
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))  # NaN written as JSON NaN
+    return path
+
+
+def test_plot_rl_panels_and_series(tmp_path):
+    nan = math.nan
+    tok = [{"step": 0, "eval_success": 0.25, "eval_sampled": 0.2, "time": 1.0, "compile_s": 3.0}]
+    plain = [{"step": 0, "eval_success": 0.1, "eval_sampled": nan, "time": 1.0}]
+    for i in range(1, 7):
+        tok.append(
+            {
+                "step": i,
+                "reward_mean": 0.1 * i,
+                "reward_high": nan if i == 2 else 0.2 * i,
+                "reward_low": 0.05 * i,
+                "degenerate_frac": 0.5,
+                "entropy": 2.0 - 0.1 * i,
+                "applied_frac": 1.0,
+                **({"eval_success": 0.5, "eval_sampled": None} if i == 6 else {}),
+            }
+        )
+        plain.append(
+            {
+                "step": i,
+                "reward_mean": nan if i == 3 else 0.3,
+                "reward_high": nan,
+                "reward_low": nan,
+                "degenerate_frac": None,
+                "entropy": 1.5,
+            }
+        )
+    runs = {
+        "tokens": _write(tmp_path / "tokens" / "metrics.jsonl", tok),
+        "plain": _write(tmp_path / "plain" / "metrics.jsonl", plain),
+    }
+
+    s = plots.rl_series(plots.read_jsonl(runs["tokens"]), smooth=1)
+    assert s["eval_success"] == ([0, 6], [0.25, 0.5])  # step 0 first, then where measured
+    assert s["eval_sampled"] == ([0], [0.2])  # null dropped
+    assert s["reward_high"][0] == [1, 3, 4, 5, 6]  # NaN dropped
+    assert "reward_mean" not in s  # token arm: high/low, not the mixture
+    ent, rew = s["entropy_reward"]
+    assert ent == pytest.approx([1.9, 1.8, 1.7, 1.6, 1.5, 1.4])
+    assert rew == pytest.approx([0.1 * i for i in range(1, 7)])
+    low = plots.rl_series(plots.read_jsonl(runs["tokens"]), smooth=2)["reward_low"][1]
+    assert low[:3] == pytest.approx([0.05, 0.075, 0.125])  # smoothed with window 2
+
+    p = plots.rl_series(plots.read_jsonl(runs["plain"]), smooth=1)
+    assert p["reward_mean"] == ([1, 2, 4, 5, 6], [0.3] * 5)
+    assert not {"reward_high", "reward_low", "eval_sampled", "degenerate_frac"} & p.keys()
+    assert p["entropy_reward"][0] == [1.5] * 5  # step 3's NaN reward drops the pair
+
+    fig = plots._rl_figure({k: plots.read_jsonl(v) for k, v in runs.items()})
+    try:
+        assert len(fig.axes) == len(plots.RL_PANELS) == 5
+        ax_eval, ax_rew = fig.axes[:2]
+        assert len(ax_eval.get_lines()) == 3  # tokens: greedy + sampled; plain: greedy only
+        assert [t.get_text() for t in ax_eval.get_legend().get_texts()][:2] == ["tokens", "plain"]
+        assert [ln.get_linestyle() for ln in ax_rew.get_lines()] == ["-", ":", "-"]
+        # One colour per arm, the same across panels.
+        assert ax_eval.get_lines()[0].get_color() == ax_rew.get_lines()[0].get_color()
+        assert (
+            ax_eval.get_lines()[2].get_color()
+            == ax_rew.get_lines()[2].get_color()
+            != (ax_rew.get_lines()[0].get_color())
+        )
+    finally:
+        plt.close(fig)
+
+    png = plots.plot_rl(runs, tmp_path / "out" / "rl.png", title="arms")
+    assert (
+        png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
+    )

@@ -1,0 +1,177 @@
+"""tools.seeds on synthetic summaries (no training): the intervals against scipy's t quantile,
+bit-identical runs counted once, paired differences, the controls' rows, pooled labels and
+summaries older than the RL start's record."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from rcgrpo_jax.errors import UserError
+from rcgrpo_jax.tools import seeds
+
+RL = ("sft_grpo", "sft_rcgrpo", "rctp_rcgrpo", "rctp_grpo", "sft_grpo_dynamic")
+
+
+def _summary(start: dict[str, float], end: dict[str, float], old: bool = False, **kw) -> dict:
+    """A stage `all` summary: RL arms from `start`/`end` (`old`: no start_success, only the
+    targets' `moved`, as runs before the start's record); `kw` adds to every RL row."""
+    arms = {
+        "base": {"heldout_success": 0.0},
+        "sft": {"heldout_success": start.get("sft_grpo", 0.5)},
+        "rctp": {"heldout_success": 0.6, "success_high": 0.6, "success_low": 0.0},
+    }
+    for name, e in end.items():
+        arms[name] = {"heldout_success": e, "degenerate_frac": 0.5, "entropy": 0.1, **kw}
+        if not old:
+            arms[name]["start_success"] = start[name]
+    moved = {name: end[name] - start[name] for name in end}
+    targets = {"sft_in_band": True, "rctp_controllable": True, "rcgrpo_less_degenerate": True}
+    return {"arms": arms, "targets": {**targets, "moved": moved}, "wall_s": 300.0, "table": "t"}
+
+
+def _run(i: int, gain: float = 0.1) -> dict:
+    """Run i: every arm starts at its stage-1 figure; RCTP → RC-GRPO gains `gain` more."""
+    start = {n: (0.6 if n.startswith("rctp") else 0.5) for n in RL}
+    end = {n: start[n] + 0.01 * i for n in RL}
+    end["rctp_rcgrpo"] += gain + 0.02 * (i % 2)
+    return _summary(start, end)
+
+
+def _t(d: list[float]) -> float:
+    return stats.t.ppf(0.975, len(d) - 1) * np.std(d, ddof=1) / np.sqrt(len(d))
+
+
+def test_interval_is_the_student_t_half_width():
+    got = seeds.interval([0.25, 0.5, 0.375, 0.625, 0.5])
+    # by hand: mean 0.45, sum of squares 0.08125, sd = sqrt(0.08125 / 4), t(0.975, 4) = 2.7764
+    assert got["mean"] == pytest.approx(0.45) and got["n"] == 5
+    assert got["ci95"] == pytest.approx(2.7764451 * np.sqrt(0.08125 / 4) / np.sqrt(5), rel=1e-6)
+    assert seeds.interval([0.3]) == {"mean": 0.3, "ci95": 0.0, "n": 1}
+
+
+def test_a_bit_identical_run_is_counted_once_and_named():
+    runs = {"seed_0": _run(0), "seed_1": _run(1), "seed_1@avx2": _run(1), "seed_0@avx2": _run(2)}
+    runs["seed_1@avx2"].update(wall_s=1.0, table="other")  # timing is not a result
+    runs["seed_1@avx2"]["arms"]["sft_grpo"]["tokens_per_s"] = 9.0
+    kept, dropped = seeds.distinct(runs)
+    assert list(kept) == ["seed_0", "seed_1", "seed_0@avx2"]
+    assert dropped == [("seed_1@avx2", "seed_1")]
+    agg = seeds.aggregate(kept, dropped)
+    assert agg["arms"]["sft_grpo"]["heldout_success"]["n"] == 3
+    report = seeds.format_report(runs, agg)
+    assert "distinct runs: 3 (dropped: seed_1@avx2 is bit-identical to seed_1: counted once)" in (
+        report
+    )
+    assert "all three 3/3" in report and "seed_1@avx2 " in report  # the table keeps every run
+
+
+def test_paired_difference_is_the_mean_of_per_run_differences():
+    runs = {f"seed_{i}": _run(i) for i in range(4)}
+    del runs["seed_3"]["arms"]["rctp_grpo"]  # a run without one of the arms: not in that pair
+    paired = seeds.aggregate(runs)["paired"]
+    end = lambda s, n: s["arms"][n]["heldout_success"]
+    d = [end(s, "rctp_rcgrpo") - end(s, "sft_grpo") for s in runs.values()]
+    row = paired["final rctp_rcgrpo - sft_grpo"]
+    assert row["mean"] == pytest.approx(np.mean(d)) and row["ci95"] == pytest.approx(_t(d))
+    assert row["n"] == 4 and row["verdict"] == "> 0"
+    ch = lambda s, n: end(s, n) - s["arms"][n]["start_success"]
+    d = [ch(s, "rctp_rcgrpo") - ch(s, "rctp_grpo") for k, s in runs.items() if k != "seed_3"]
+    row = paired["change rctp_rcgrpo - rctp_grpo"]
+    assert row["mean"] == pytest.approx(np.mean(d)) and row["ci95"] == pytest.approx(_t(d))
+    assert row["n"] == 3
+    assert paired["change sft_rcgrpo - sft_grpo"]["verdict"] == "includes 0"  # all exactly 0
+    negative = seeds.aggregate({f"seed_{i}": _run(i, gain=-0.2) for i in range(4)})["paired"]
+    assert negative["final rctp_rcgrpo - sft_grpo"]["verdict"] == "< 0"
+    assert seeds.aggregate({"seed_0": _run(0)})["paired"]["final rctp_rcgrpo - sft_grpo"][
+        "verdict"
+    ] == "n < 2"  # fmt: skip
+
+
+def _with_controls(i: int, lr0_end: float = 0.6) -> dict:
+    s = _run(i)
+    start = {"rctp_rcgrpo_shuffled": 0.6, "rctp_rcgrpo_lr0": 0.6, "sft_grpo_shuffled": 0.5}
+    end = {"rctp_rcgrpo_shuffled": 0.6 - 0.01 * i, "rctp_rcgrpo_lr0": lr0_end}
+    end["sft_grpo_shuffled"] = 0.5
+    extra = _summary(start, end)
+    s["arms"].update({k: extra["arms"][k] for k in end})
+    s["targets"]["moved"].update(extra["targets"]["moved"])
+    return s
+
+
+def test_shuffled_and_lr0_controls():
+    runs = {f"seed_{i}": _with_controls(i) for i in range(3)}
+    paired = seeds.aggregate(runs)["paired"]
+    ch = lambda s, n: s["arms"][n]["heldout_success"] - s["arms"][n]["start_success"]
+    d = [ch(s, "rctp_rcgrpo") - ch(s, "rctp_rcgrpo_shuffled") for s in runs.values()]
+    row = paired["change rctp_rcgrpo - rctp_rcgrpo_shuffled"]
+    assert row["mean"] == pytest.approx(np.mean(d)) and row["ci95"] == pytest.approx(_t(d))
+    assert "change sft_grpo - sft_grpo_shuffled" in paired
+    lr0 = paired["change rctp_rcgrpo_lr0"]
+    assert (lr0["mean"], lr0["ci95"], lr0["max_abs"], lr0["n"]) == (0.0, 0.0, 0.0, 3)
+    assert lr0["verdict"] == "= 0 exactly"
+    runs["seed_2"] = _with_controls(2, lr0_end=0.6 + 1 / 32)  # one task flipped without training
+    lr0 = seeds.aggregate(runs)["paired"]["change rctp_rcgrpo_lr0"]
+    assert lr0["max_abs"] == pytest.approx(1 / 32) and lr0["verdict"] == "NOT 0: max |x| 3.1"
+
+
+def test_older_summaries_start_at_end_minus_moved():
+    start = {n: 0.5 for n in RL}
+    old = {f"seed_{i}": _summary(start, {n: 0.5 + 0.05 * i for n in RL}, old=True) for i in (1, 2)}
+    assert "start_success" not in old["seed_1"]["arms"]["sft_grpo"]
+    row = seeds.aggregate(old)["arms"]["sft_grpo"]
+    assert row["start_success"]["mean"] == pytest.approx(0.5)
+    assert row["change"]["mean"] == pytest.approx(0.075) and row["change"]["n"] == 2
+    mixed = seeds.aggregate({**old, "seed_0": _run(0)})  # older and newer runs together
+    assert mixed["arms"]["sft_grpo"]["change"]["n"] == 3
+    assert "sft_grpo" in seeds.format_report(old, seeds.aggregate(old))
+
+
+def test_read_runs_labels_the_pool(tmp_path):
+    def write(d, seed, summary):
+        (tmp_path / d / f"seed_{seed}").mkdir(parents=True)
+        (tmp_path / d / f"seed_{seed}" / "summary.json").write_text(json.dumps(summary))
+
+    for seed in (0, 1):
+        write("main", seed, _run(seed))
+        write("avx2", seed, _run(seed + 5))
+    (tmp_path / "avx2" / "seed_7").mkdir()  # unfinished: not read
+    write("main", 9, _run(9))  # not in --seeds: not read
+    runs = seeds.read_runs(tmp_path / "main", [0, 1], [tmp_path / "avx2"])
+    assert list(runs) == ["seed_0", "seed_1", "seed_0@avx2", "seed_1@avx2"]
+    assert runs["seed_1@avx2"] == _run(6)
+    made = []
+    run = lambda seed: made.append(seed) or _run(seed)
+    runs = seeds.read_runs(tmp_path / "main", [0, 2], (), run)
+    assert made == [2] and list(runs) == ["seed_0", "seed_2"]
+    with pytest.raises(UserError, match="seed 2"):
+        seeds.read_runs(tmp_path / "main", [2])
+    with pytest.raises(UserError, match="no finished"):  # checked before any seed runs
+        seeds.read_runs(tmp_path / "main", [3], [tmp_path / "nowhere"], run)
+    assert made == [2]
+
+
+def test_report_tables_and_record():
+    runs = {f"seed_{i}": _with_controls(i) for i in range(3)}
+    runs["seed_1@avx2"] = _with_controls(1)
+    for s in runs.values():
+        for name, row in s["arms"].items():
+            if "start_success" in row:
+                row.update(sampled_start=0.4, sampled_success=0.4 + 0.02 * len(name))
+    kept, dropped = seeds.distinct(runs)
+    agg = seeds.aggregate(kept, dropped)
+    assert agg["arms"]["sft_grpo"]["sampled_change"]["mean"] == pytest.approx(0.16)
+    report = seeds.format_report(runs, agg)
+    print(report)
+    blocks = report.split("\n\n")
+    assert len(blocks) == 3
+    arm_lines = blocks[1].splitlines()
+    assert len({len(line) for line in arm_lines}) == 1 and "sampled change" in arm_lines[0]
+    assert arm_lines[1].split()[:3] == ["base", "3", "-"]
+    assert blocks[2].splitlines()[0].startswith("paired")
+    assert any(line.endswith("= 0 exactly") for line in blocks[2].splitlines())
+    record = json.loads(json.dumps({"runs": runs, **agg}))
+    assert record["dropped"] == [["seed_1@avx2", "seed_1"]] and len(record["runs"]) == 4
