@@ -80,7 +80,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.env.bfcl = ml_collections.ConfigDict({"categories": BFCL_CATEGORIES})  # training categories
     c.env.max_steps_per_turn = 20  # BFCL's MAXIMUM_STEP_LIMIT
     c.env.call_timeout_s = 5.0  # wall-clock limit of one simulator call: a hang ends its row only
-    c.env.synthetic = ml_collections.ConfigDict({"num_train": 512, "num_test": 64, "seed": 0})
+    # num_rl > 0: a third split of tasks over names neither stage 1 nor the held-out tasks use
+    # (the train split then gives those names up), for `rl.prompt_split = "rl"`.
+    c.env.synthetic = ml_collections.ConfigDict(
+        {"num_train": 512, "num_test": 64, "num_rl": 0, "seed": 0}
+    )
     # Task difficulty (envs.synthetic.Difficulty): (min, max) user turns, folder depth,
     # distractor files per folder, chance of a follow-up turn, main task templates.
     c.env.synthetic.difficulty = ml_collections.ConfigDict(
@@ -162,6 +166,9 @@ def base_config() -> ml_collections.ConfigDict:
     # "high" (a reward-conditioned model sampled and evaluated under <|high_reward|>: RCTP
     # without RC-GRPO's mixed-token groups).
     c.rl.grpo_token = "none"
+    # Where RL's prompts come from: "train" (stage 1's tasks) or "rl" (the synthetic
+    # environment's third split, `env.synthetic.num_rl`: tasks stage 1 has not memorised).
+    c.rl.prompt_split = "train"
     c.rl.max_new_tokens = 256  # per assistant step
     c.rl.max_len = 16384  # tokens per trajectory = the train step's T
     c.rl.temperature = 1.0

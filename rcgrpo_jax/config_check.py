@@ -223,6 +223,7 @@ RULES: dict[str, Rule] = {
     "env.call_timeout_s": number(0.0, lo_open=True),
     "env.synthetic.num_train": integer(1),
     "env.synthetic.num_test": integer(1),
+    "env.synthetic.num_rl": integer(0),
     "env.synthetic.seed": integer(0),
     "env.synthetic.difficulty.turns": int_pair(1),
     "env.synthetic.difficulty.depth": integer(1),
@@ -265,6 +266,7 @@ RULES: dict[str, Rule] = {
     "rl.p_high": number(0.0, 1.0),
     "rl.stratified": boolean,
     "rl.grpo_token": choice(("none", "high")),
+    "rl.prompt_split": choice(("train", "rl")),
     "rl.max_new_tokens": integer(1),
     "rl.max_len": integer(2),
     "rl.temperature": number(0.0, lo_open=True),
@@ -357,6 +359,13 @@ def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
         yield _fail(
             "eval.max_new_tokens", c.eval.max_new_tokens, f"< eval.max_len={c.eval.max_len}"
         )
+    if c.stage in ("grpo", "rcgrpo", "all") and c.rl.prompt_split == "rl":
+        if c.env.benchmark != "synthetic" or not c.env.synthetic.num_rl:
+            yield _fail(
+                "rl.prompt_split", c.rl.prompt_split,
+                "'train' unless env.benchmark='synthetic' with env.synthetic.num_rl > 0 "
+                "(only the synthetic environment has an rl split)",
+            )  # fmt: skip
     if c.stage == "all" and c.rl.init_from:
         yield _fail(
             "rl.init_from", c.rl.init_from,

@@ -371,3 +371,79 @@ def test_cached_tokenizer_of_another_environment_is_refused(tasks, tmp_path):
     assert again.get_vocab() == first.get_vocab()
     with pytest.raises(ValueError, match="trained for 'synthetic', not 'calculator'"):
         tiny_tokenizer.load_or_train_texts(tmp_path, iter(()), VOCAB, source="calculator")
+
+
+# ---------------------------------------------------------------------------------------------
+# The "rl" split (rl_split / env.synthetic.num_rl)
+
+
+def test_rl_split_names_are_disjoint_and_cover_all_names():
+    """With `rl_split`, a second 1-in-5 class of names moves from "train" to "rl"; "test" keeps
+    its names (in order), and without it nothing changes."""
+    three = {s: set(v) for s, v in synthetic.NAMES3.items()}
+    assert set(three) == {"train", "test", "rl"} == set(synthetic.SPLITS3)
+    assert not three["train"] & three["test"] and not three["train"] & three["rl"]
+    assert not three["test"] & three["rl"]
+    every = {a + b for a in synthetic.SYLLABLES for b in synthetic.SYLLABLES}
+    assert set.union(*three.values()) == every == set().union(*map(set, synthetic.NAMES.values()))
+    assert synthetic.NAMES3["test"] == synthetic.NAMES["test"]
+    assert three["train"] | three["rl"] == set(synthetic.NAMES["train"])
+    for split, names in synthetic.NAMES3.items():
+        assert {synthetic.name_split(n, rl_split=True) for n in names} == {split}
+    assert {synthetic.name_split(n) for n in synthetic.NAMES3["rl"]} == {"train"}
+    for r in synthetic.ROLES:
+        roles3, roles = synthetic.ROLE_NAMES3[r], synthetic.ROLE_NAMES[r]
+        assert {s: len(v) for s, v in roles3.items()} == {"train": 15, "test": 5, "rl": 5}
+        assert roles3["test"] == roles["test"]
+        assert set(roles3["train"]) | set(roles3["rl"]) == set(roles["train"])
+        assert not set(roles3["train"]) & set(roles3["rl"])
+
+
+@pytest.fixture(scope="module")
+def rl_env():
+    from rcgrpo_jax.envs.builtin import SyntheticEnvironment
+
+    return SyntheticEnvironment(num_train=8, num_test=8, seed=0, num_rl=8)
+
+
+def test_rl_split_tasks_use_only_their_own_names(rl_env, tasks):
+    made = {s: rl_env.tasks(s) for s in synthetic.SPLITS3}
+    assert [e.id for e in made["rl"]] == [f"synthetic_rl_0_{i}" for i in range(8)]
+    for split, entries in made.items():
+        for e in entries:
+            names = names_in(e)
+            assert len(names) >= 8
+            assert {synthetic.name_split(n, rl_split=True) for n in names} == {split}, e.id
+    test_reference_policies_through_episode(made)
+    # The held-out tasks are today's; train tasks are new (they lose the rl names).
+    assert fingerprint(made["test"]) == fingerprint(tasks["test"][:8])
+    assert fingerprint(made["train"]) != fingerprint(tasks["train"][:8])
+
+
+def test_rl_split_with_name_roles():
+    kw = dict(templates=DEMO_TEMPLATES, turns=(1, 1), name_roles=True, depth=1, distractors=1)
+    made = {s: synthetic.make_tasks(s, 6, seed=2, rl_split=True, **kw) for s in synthetic.SPLITS3}
+    for split, entries in made.items():
+        for e in entries:
+            role_names = {n for n in names_in(e) if role_of(n) is not None}  # not contents
+            assert role_names and {synthetic.name_split(n, True) for n in role_names} == {split}
+    plain = synthetic.make_tasks("test", 6, seed=2, **kw)
+    assert fingerprint(made["test"]) == fingerprint(plain)
+    with pytest.raises(ValueError, match="name_roles: a rl task"):  # 5 rl file names per role
+        synthetic.make_tasks("rl", 1, rl_split=True, templates=DEMO_TEMPLATES, name_roles=True)
+
+
+def test_without_num_rl_the_splits_are_unchanged(tasks):
+    from rcgrpo_jax.envs.builtin import SyntheticEnvironment
+
+    env = SyntheticEnvironment(num_train=5, num_test=5, seed=0)
+    assert fingerprint(env.tasks("train")) == fingerprint(tasks["train"][:5])
+    assert fingerprint(env.tasks("test")) == fingerprint(tasks["test"][:5])
+    with pytest.raises(ValueError, match="env.synthetic.num_rl"):
+        env.tasks("rl")
+    with pytest.raises(ValueError, match="rl_split"):
+        synthetic.make_tasks("rl", 1)
+    with pytest.raises(ValueError, match="unknown split"):
+        env.tasks("valid")
+    with pytest.raises(ValueError, match="num_rl"):
+        SyntheticEnvironment(num_rl=-1)

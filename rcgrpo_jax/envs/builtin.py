@@ -1,5 +1,8 @@
 """The built-in environments over `Entry` tasks: "bfcl" (BFCL v4 multi-turn, the fixed split)
-and "synthetic" (the tiny demo's generated file-system tasks, with a start-up tokenizer)."""
+and "synthetic" (the tiny demo's generated file-system tasks, with a start-up tokenizer).
+
+"synthetic" can also hand out a third split, "rl" (`num_rl > 0`, config env.synthetic.num_rl):
+tasks whose names neither "train" (what stage 1 memorises) nor "test" (held out) use, for RL."""
 
 from __future__ import annotations
 
@@ -33,9 +36,9 @@ class _EntryEnvironment:
         return None
 
 
-def _check_split(split: str) -> None:
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+def _check_split(split: str, splits: Sequence[str] = SPLITS) -> None:
+    if split not in splits:
+        raise ValueError(f"unknown split {split!r}; expected one of {tuple(splits)}")
 
 
 class BfclEnvironment(_EntryEnvironment):
@@ -55,7 +58,11 @@ class BfclEnvironment(_EntryEnvironment):
 
 
 class SyntheticEnvironment(_EntryEnvironment):
-    """`synthetic.make_tasks` of each split; `difficulty`: fields of `synthetic.Difficulty`."""
+    """`synthetic.make_tasks` of each split; `difficulty`: fields of `synthetic.Difficulty`.
+
+    `num_rl > 0`: a third split "rl" of that many tasks, on names of neither "train" nor "test"
+    (`synthetic.NAMES3`); "train" then excludes those names, "test" is unchanged. 0: no "rl"
+    split, everything as before."""
 
     categories = (synthetic.CATEGORY,)
     title = "synthetic file-system tasks"
@@ -66,17 +73,29 @@ class SyntheticEnvironment(_EntryEnvironment):
         num_test: int = 64,
         seed: int = 0,
         difficulty: Mapping[str, Any] | None = None,
+        num_rl: int = 0,
     ) -> None:
+        if int(num_rl) < 0:
+            raise ValueError(f"num_rl must be >= 0 (0: no rl split), got {num_rl}")
         self.sizes = {"train": int(num_train), "test": int(num_test)}
+        self.rl_split = int(num_rl) > 0
+        if self.rl_split:
+            self.sizes[synthetic.RL_SPLIT] = int(num_rl)
         self.seed = int(seed)
         self.difficulty = dict(difficulty or {})
         self._tasks: dict[str, list[Entry]] = {}
 
     def tasks(self, split: str) -> list[Entry]:
-        _check_split(split)
+        _check_split(split, synthetic.SPLITS3)
+        if split == synthetic.RL_SPLIT and not self.rl_split:
+            raise ValueError("no 'rl' split: set env.synthetic.num_rl > 0 for one")
         if split not in self._tasks:
             self._tasks[split] = synthetic.make_tasks(
-                split, self.sizes[split], seed=self.seed, **self.difficulty
+                split,
+                self.sizes[split],
+                seed=self.seed,
+                rl_split=self.rl_split,
+                **self.difficulty,
             )
         return self._tasks[split]
 

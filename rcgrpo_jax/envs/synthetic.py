@@ -19,6 +19,12 @@ keywords and contents come from disjoint sets of two-syllable names (`NAMES`); w
 `Difficulty.name_roles`, the content words (`ROLE_WORDS`) are shared by both splits. Generation is
 deterministic given the arguments, and each task is kept only if the ground truth scores 1.0
 and the empty policy 0.0 through `Episode`.
+
+With `rl_split=True` there is a third split, "rl" (`RL_SPLIT`), so RL can train on tasks whose
+names the stage-1 policy never saw and that are still disjoint from the held-out ones: a second
+1-in-5 class of names (`NAMES3`, `ROLE_NAMES3`) is taken out of "train" and given to "rl".
+"test" keeps its names and RNG stream, so the held-out tasks are the same either way; without
+`rl_split` everything is as before (only "train" and "test", the same tasks).
 """
 
 from __future__ import annotations
@@ -53,16 +59,30 @@ SYLLABLES = tuple(
 )
 
 
-def name_split(name: str) -> str:
-    """Which split a two-syllable name belongs to (about 1 in 5 is held out)."""
+RL_SPLIT = "rl"
+SPLITS3 = (*SPLITS, RL_SPLIT)  # the splits with `rl_split=True`
+# Name classes: (i + 3j) % 5 of the syllable indices. Class 0 is held out ("test") always;
+# class 1 is "rl" only with `rl_split=True` (else "train", as before).
+_SPLIT_CLASS = {0: "test", 1: RL_SPLIT}
+
+
+def name_split(name: str, rl_split: bool = False) -> str:
+    """Which split a two-syllable name belongs to (about 1 in 5 is held out; with `rl_split`,
+    about another 1 in 5 is "rl" and the rest "train")."""
     i, j = SYLLABLES.index(name[:2]), SYLLABLES.index(name[2:])
-    return "test" if (i + 3 * j) % 5 == 0 else "train"
+    split = _SPLIT_CLASS.get((i + 3 * j) % 5, "train")
+    return "train" if split == RL_SPLIT and not rl_split else split
 
 
-NAMES = {
-    split: tuple(a + b for a in SYLLABLES for b in SYLLABLES if name_split(a + b) == split)
-    for split in SPLITS
-}
+def _split_names(names: Sequence[str], rl_split: bool) -> dict[str, tuple[str, ...]]:
+    """`names` by split, in their order."""
+    splits = SPLITS3 if rl_split else SPLITS
+    return {s: tuple(n for n in names if name_split(n, rl_split) == s) for s in splits}
+
+
+_ALL_NAMES = tuple(a + b for a in SYLLABLES for b in SYLLABLES)
+NAMES = _split_names(_ALL_NAMES, rl_split=False)
+NAMES3 = _split_names(_ALL_NAMES, rl_split=True)  # "train", "test" (== NAMES["test"]), "rl"
 
 # With `Difficulty.name_roles`, folders, files and the new names a user asks for come from
 # disjoint syllable sets (each role's first and second syllables five of their own). Then every
@@ -70,19 +90,16 @@ NAMES = {
 # is, not by where it sits: a copy a tiny model learns steadily from its first steps, where a
 # copy by position forms after a plateau whose length rides on the seed and the rounding
 # (docs/experiments/tiny_default.md). Each role keeps the 1-in-5 held-out split of `NAMES`.
+# With `rl_split` (`ROLE_NAMES3`), each role's 25 names split 15 train, 5 test, 5 rl.
 ROLES = ("dir", "file", "new")
-ROLE_NAMES = {
-    role: {
-        split: tuple(
-            a + b
-            for a in SYLLABLES[10 * r : 10 * r + 5]
-            for b in SYLLABLES[10 * r + 5 : 10 * r + 10]
-            if name_split(a + b) == split
-        )
-        for split in SPLITS
-    }
+_ROLE_ALL = {
+    role: tuple(
+        a + b for a in SYLLABLES[10 * r : 10 * r + 5] for b in SYLLABLES[10 * r + 5 : 10 * r + 10]
+    )
     for r, role in enumerate(ROLES)
 }
+ROLE_NAMES = {role: _split_names(names, rl_split=False) for role, names in _ROLE_ALL.items()}
+ROLE_NAMES3 = {role: _split_names(names, rl_split=True) for role, names in _ROLE_ALL.items()}
 ROLE_WORDS = tuple(a + b for a in SYLLABLES[30:] for b in SYLLABLES[30:])  # file contents
 
 
@@ -159,16 +176,24 @@ def _content(rng: random.Random, words: Sequence[str]) -> str:
 Take = Callable[..., str]  # take(role) -> a fresh name for "dir", "file" or "new" (`ROLES`)
 
 
-def _taker(rng: random.Random, split: str, size: int, roles: bool) -> tuple[Take, Sequence[str]]:
+def _taker(
+    rng: random.Random, split: str, size: int, roles: bool, rl_split: bool = False
+) -> tuple[Take, Sequence[str]]:
     """A task's supply of fresh names, and the words file contents are made of."""
+    names, role_names = (NAMES3, ROLE_NAMES3) if rl_split else (NAMES, ROLE_NAMES)
     if not roles:
-        pool = rng.sample(NAMES[split], size)
+        if size > len(names[split]):
+            raise ValueError(
+                f"a {split} task needs {size} names, more than the {len(names[split])} of its "
+                "split; lower env.synthetic.difficulty.depth, .distractors or .turns"
+            )
+        pool = rng.sample(names[split], size)
         return lambda role="new": pool.pop(), pool
-    pools = {r: rng.sample(ROLE_NAMES[r][split], len(ROLE_NAMES[r][split])) for r in ROLES}
+    pools = {r: rng.sample(role_names[r][split], len(role_names[r][split])) for r in ROLES}
 
     def take(role: str = "new") -> str:
         if not pools[role]:
-            n = len(ROLE_NAMES[role][split])
+            n = len(role_names[role][split])
             raise ValueError(
                 f"name_roles: a {split} task needs more than the {n} {role} names of its role; "
                 "lower env.synthetic.difficulty.depth or .distractors"
@@ -646,12 +671,15 @@ def _next_turn(ctx: _Ctx, kinds: Sequence[str]) -> tuple[str, Turn] | None:
     return None
 
 
-def generate(rng: random.Random, split: str, diff: Difficulty) -> tuple[dict, list[Turn]] | None:
-    """One task's initial config and turns from `rng`, or None if a template had no target."""
+def generate(
+    rng: random.Random, split: str, diff: Difficulty, *, rl_split: bool = False
+) -> tuple[dict, list[Turn]] | None:
+    """One task's initial config and turns from `rng`, or None if a template had no target.
+    `rl_split`: names of the three-way split (`NAMES3`)."""
     # Enough names for every folder (up to 2 * depth), its files and subfolder, the root,
     # its file and the names the turns create; contents reuse names not taken yet.
     size = 2 * diff.depth * (diff.distractors + 2) + 8 + 2 * diff.turns[1]
-    take, words = _taker(rng, split, size, diff.name_roles)
+    take, words = _taker(rng, split, size, diff.name_roles, rl_split)
     config = initial_config(rng, take, words, diff)
     (instances,) = load_instances(config, CLASSES, long_context=False)
     ctx = _Ctx(rng, take, instances["GorillaFileSystem"])
@@ -711,21 +739,34 @@ def verified(entry: Entry) -> bool:
 
 
 def make_tasks(
-    split: str, n: int, seed: int = 0, *, max_tries: int = 50, **difficulty: Any
+    split: str,
+    n: int,
+    seed: int = 0,
+    *,
+    rl_split: bool = False,
+    max_tries: int = 50,
+    **difficulty: Any,
 ) -> list[Entry]:
-    """`n` verified tasks of `split` ("train" or "test"), deterministic given the arguments.
+    """`n` verified tasks of `split` ("train" or "test"; "rl" with `rl_split`), deterministic
+    given the arguments.
 
+    `rl_split`: the three-way split of names (`NAMES3`): "train" then draws only from names of
+    neither "test" nor "rl"; "test" tasks are the same as without it.
     `difficulty`: fields of `Difficulty` (turns, depth, distractors, followup, templates).
     Task i draws from its own RNG stream (split, seed, i, try), so a task does not depend on
     `n` and the splits never share a stream.
     """
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    splits = SPLITS3 if rl_split else SPLITS
+    if split == RL_SPLIT and not rl_split:
+        raise ValueError(f"split {split!r} needs rl_split=True (env.synthetic.num_rl > 0)")
+    if split not in splits:
+        raise ValueError(f"unknown split {split!r}; expected one of {splits}")
     diff = Difficulty(**difficulty)
     tasks = []
     for i in range(n):
         for attempt in range(max_tries):
-            made = generate(random.Random(f"{split}/{seed}/{i}/{attempt}"), split, diff)
+            rng = random.Random(f"{split}/{seed}/{i}/{attempt}")
+            made = generate(rng, split, diff, rl_split=rl_split)
             if made is None:
                 continue
             entry = to_entry(f"{CATEGORY}_{split}_{seed}_{i}", i, *made)

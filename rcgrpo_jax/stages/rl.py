@@ -216,8 +216,8 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
     workdir, mesh, tokenizer = s.workdir, s.mesh, s.tokenizer
     env = setup.environment(config)
     train_pool = setup.fitting_entries(
-        env, setup.task_entries(config, "train"), tokenizer, config.model.chat_format,
-        int(rl.max_len), "training entries for rl.max_len",
+        env, setup.task_entries(config, rl.prompt_split), tokenizer, config.model.chat_format,
+        int(rl.max_len), f"{rl.prompt_split}-split entries for rl.max_len",
     )  # fmt: skip
     test_pool = setup.task_entries(config, "test")
     if config.eval.max_entries:
