@@ -1,7 +1,8 @@
 """Stages `grpo` and `rcgrpo`: rollouts → fused train steps → eval → checkpoints → HF export.
 
 One RL iteration, read top to bottom:
-1. draw P training prompts (seeded by iteration: resume needs no iterator state);
+1. draw P prompts from `rl.prompt_split` (stage 1's training tasks, or the synthetic
+   environment's third split; seeded by iteration: resume needs no iterator state);
 2. take each rollout's reward token: r_j ~ P_sample(r) for RC-GRPO; GRPO: `rl.grpo_token`. The
    previous iteration's fused step drew them (the first iteration's, or after an iteration
    without an update: the same draw, jitted, on the host), keyed by seed and iteration alone;
