@@ -332,7 +332,9 @@ def test_rl_arms_log_their_rollouts(qwen_run):
     train = set(split_ids("train", CATEGORY))
     for arm in ARMS:
         (row,) = [json.loads(x) for x in (qwen_run["work"] / arm / "rollouts.jsonl").open()]
-        (metrics,) = [json.loads(x) for x in (qwen_run["work"] / arm / "metrics.jsonl").open()]
+        log = qwen_run["work"] / arm / "metrics.jsonl"
+        start, metrics = [json.loads(x) for x in log.open()]
+        assert start["step"] == 0 and "eval_success" in start  # the arm's start, evaluated
         assert row["iteration"] == 1 and set(row["entry_ids"]) <= train
         tokens = sorted(row["reward_token"][0])
         assert tokens == ARM_TOKENS[arm], arm
@@ -343,6 +345,8 @@ def test_rl_arms_log_their_rollouts(qwen_run):
         assert metrics["sampled_tokens"] > 0 and metrics["generated_rollouts"] == 2
         if row["trained"] == [True]:
             assert np.isfinite(metrics["loss"])
+            # the step runs; it is applied only when the group's rewards differ
+            assert metrics["applied_frac"] == float(rewards[0, 0] != rewards[0, 1])
         else:  # only the dynamic arm drops a group whose rewards are all equal: no update
             assert arm == "sft_grpo_dynamic" and metrics["loss"] is None
             assert rewards[0, 0] == rewards[0, 1]
@@ -385,7 +389,8 @@ def test_llama8b_rcgrpo_runs_at_full_length(llama_run, capsys):
     assert max(rl["peak_rss"], ev["peak_rss"]) < PEAK_RSS_LIMIT
     (row,) = [json.loads(x) for x in (llama_run["work"] / "rollouts.jsonl").open()]
     assert sorted(row["reward_token"][0]) == [0, 1] and row["env_errors"] == [[None, None]]
-    (metrics,) = [json.loads(x) for x in (llama_run["work"] / "metrics.jsonl").open()]
+    start, metrics = [json.loads(x) for x in (llama_run["work"] / "metrics.jsonl").open()]
+    assert start["step"] == 0 and "eval_success" in start  # the arm's start, evaluated
     assert metrics["eval_success"] is not None and metrics["sampled_tokens"] > 0
     # the reward tokens grew the embedding table past LLaMA's 128,256 rows (to a multiple of 128)
     from transformers import AutoTokenizer

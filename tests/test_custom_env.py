@@ -119,7 +119,8 @@ def test_grpo_trains_the_calculator_for_one_iteration(calculator, tmp_path):
         "rl.eval_every": 1,
     }
     main(tmp_path, **extra)
-    (metrics,) = read_jsonl(tmp_path / "metrics.jsonl")
+    start, metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    assert start["step"] == 0 and 0.0 <= start["eval_success"] <= 1.0  # the start, evaluated
     (rollouts,) = read_jsonl(tmp_path / "rollouts.jsonl")
     assert metrics["step"] == rollouts["iteration"] == 1
     rewards = np.asarray(rollouts["rewards"])

@@ -170,7 +170,10 @@ def test_losses_rewards_and_params_match(runs):
 
     single, multi = runs
     ms, mm = read_jsonl(single / "metrics.jsonl"), read_jsonl(multi / "metrics.jsonl")
-    assert [m["step"] for m in mm] == list(range(1, STEPS + 1))  # process 0 alone wrote it
+    # the start's evaluation (step 0), then the iterations; process 0 alone wrote it
+    assert [m["step"] for m in mm] == list(range(0, STEPS + 1))
+    assert mm[0]["eval_success"] == ms[0]["eval_success"]
+    ms, mm = ms[1:], mm[1:]
     for a, b in zip(ms, mm, strict=True):
         for key in ("loss", "grad_norm", "entropy", "kl", "clip_frac", "abs_adv_mean"):
             atol = LOSS_ATOL if key in ("loss", "kl") else 0.0
@@ -204,8 +207,9 @@ def test_each_process_ran_its_own_rows(runs):
     rollouts = read_jsonl(multi / "rollouts.jsonl")
     solo = read_jsonl(single / "env.p0.jsonl")
     logs = [read_jsonl(multi / f"env.p{q}.jsonl") for q in range(2)]
-    # per collect(): RL iterations (P*G rows), then the final eval (TEST_ENTRIES rows of G=1)
-    sizes = [P * G] * STEPS + [TEST_ENTRIES]
+    # per collect(): the start's eval and, after the RL iterations (P*G rows each), the final
+    # one (TEST_ENTRIES rows of G=1 each)
+    sizes = [TEST_ENTRIES] + [P * G] * STEPS + [TEST_ENTRIES]
     assert len(solo) == sum(sizes) and [len(x) for x in logs] == [sum(sizes) // 2] * 2
     start = 0
     for it, n in enumerate(sizes):
@@ -213,10 +217,10 @@ def test_each_process_ran_its_own_rows(runs):
         parts = [logs[q][start // 2 : (start + n) // 2] for q in range(2)]
         # process q scored exactly rows q*n/2 .. (q+1)*n/2 - 1 of this batch, in order
         assert parts[0] == rows[: n // 2] and parts[1] == rows[n // 2 :]
-        if it < STEPS:
-            owner = np.asarray(rollouts[it]["env_process"]).ravel()
+        if 0 < it <= STEPS:  # an RL iteration's batch
+            owner = np.asarray(rollouts[it - 1]["env_process"]).ravel()
             assert owner.tolist() == [0] * (n // 2) + [1] * (n // 2)
-            rewards = np.asarray(rollouts[it]["rewards"]).ravel()
+            rewards = np.asarray(rollouts[it - 1]["rewards"]).ravel()
             assert [x["reward"] for x in rows] == rewards.tolist()
         start += n
     assert json.loads((multi / "summary.json").read_text())["iterations"] == STEPS
