@@ -161,6 +161,9 @@ class Span:
             "cache_hits": spent.cache_hits,
         }
 
-    def describe(self) -> str:
-        """'81.0 s, compile 5.2 s (4 programs)'."""
-        return f"{self._clock() - self._t0:.1f} s, {(stats() - self._stats0).describe()}"
+    def describe(self, summary: dict[str, float | int] | None = None) -> str:
+        """'81.0 s, compile 5.2 s (4 programs)': of `summary` (one `summary()`, so that the line
+        and summary.json show the same numbers), else of now."""
+        s = summary or self.summary()
+        spent = Stats(float(s["compile_s"]), int(s["programs"]), int(s["cache_hits"]))
+        return f"{float(s['wall_s']):.1f} s, {spent.describe()}"

@@ -25,7 +25,7 @@ from conftest import REPO
 
 from rcgrpo_jax.train.metrics import read_jsonl
 
-P, G, STEPS, TEST_ENTRIES = 4, 2, 2, 4
+P, G, STEPS, TEST_ENTRIES, SAMPLES = 4, 2, 2, 4, 2  # SAMPLES: eval.samples
 ARCH = dict(
     vocab_size=1024, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4,
     num_kv_heads=2, head_dim=8, rope_theta=10000.0, qkv_bias=True, tie_embeddings=True,
@@ -46,6 +46,7 @@ OVERRIDES = {
     "rl.checkpoint_every": 1,
     "eval.max_new_tokens": 8,
     "eval.max_entries": TEST_ENTRIES,
+    "eval.samples": SAMPLES,
 }
 # Adam divides by sqrt(v) + eps: with the default eps=1e-8 an element whose gradient is at float32
 # rounding level takes an O(lr) step whose sign rounding decides. eps=1e-4 (typical |g| here is
@@ -172,7 +173,8 @@ def test_losses_rewards_and_params_match(runs):
     ms, mm = read_jsonl(single / "metrics.jsonl"), read_jsonl(multi / "metrics.jsonl")
     # the start's evaluation (step 0), then the iterations; process 0 alone wrote it
     assert [m["step"] for m in mm] == list(range(0, STEPS + 1))
-    assert mm[0]["eval_success"] == ms[0]["eval_success"]
+    for key in ("eval_success", "eval_sampled"):
+        assert mm[0][key] == ms[0][key], key
     ms, mm = ms[1:], mm[1:]
     for a, b in zip(ms, mm, strict=True):
         for key in ("loss", "grad_norm", "entropy", "kl", "clip_frac", "abs_adv_mean"):
@@ -207,9 +209,10 @@ def test_each_process_ran_its_own_rows(runs):
     rollouts = read_jsonl(multi / "rollouts.jsonl")
     solo = read_jsonl(single / "env.p0.jsonl")
     logs = [read_jsonl(multi / f"env.p{q}.jsonl") for q in range(2)]
-    # per collect(): the start's eval and, after the RL iterations (P*G rows each), the final
-    # one (TEST_ENTRIES rows of G=1 each)
-    sizes = [TEST_ENTRIES] + [P * G] * STEPS + [TEST_ENTRIES]
+    # per collect(): the start's evaluation (greedy: TEST_ENTRIES rows; sampled: SAMPLES rows
+    # per entry), the RL iterations (P*G rows each), then the final evaluation
+    evaluation = [TEST_ENTRIES, TEST_ENTRIES * SAMPLES]
+    sizes = [*evaluation, *[P * G] * STEPS, *evaluation]
     assert len(solo) == sum(sizes) and [len(x) for x in logs] == [sum(sizes) // 2] * 2
     start = 0
     for it, n in enumerate(sizes):
@@ -217,10 +220,10 @@ def test_each_process_ran_its_own_rows(runs):
         parts = [logs[q][start // 2 : (start + n) // 2] for q in range(2)]
         # process q scored exactly rows q*n/2 .. (q+1)*n/2 - 1 of this batch, in order
         assert parts[0] == rows[: n // 2] and parts[1] == rows[n // 2 :]
-        if 0 < it <= STEPS:  # an RL iteration's batch
-            owner = np.asarray(rollouts[it - 1]["env_process"]).ravel()
+        if 2 <= it < 2 + STEPS:  # an RL iteration's batch
+            owner = np.asarray(rollouts[it - 2]["env_process"]).ravel()
             assert owner.tolist() == [0] * (n // 2) + [1] * (n // 2)
-            rewards = np.asarray(rollouts[it - 1]["rewards"]).ravel()
+            rewards = np.asarray(rollouts[it - 2]["rewards"]).ravel()
             assert [x["reward"] for x in rows] == rewards.tolist()
         start += n
     assert json.loads((multi / "summary.json").read_text())["iterations"] == STEPS

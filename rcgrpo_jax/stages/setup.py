@@ -243,12 +243,13 @@ def finish(t: Training, params: Any, summary: dict[str, Any], line: str = "") ->
     if distributed.is_main_process():
         with writing(t.export_dir):
             models.save_hf(t.export_dir, t.cfg, final, tokenizer=t.tokenizer)
-        if t.span is not None:
-            summary = {**summary, "time": t.span.summary()}
+        time = None if t.span is None else t.span.summary()
+        if time is not None:
+            summary = {**summary, "time": time}
         text = json.dumps(summary, indent=1, default=str) + "\n"
         write_atomic(t.workdir / "summary.json", text)
         if line:
-            print(f"{line}; {t.span.describe()}" if t.span is not None else line, flush=True)
+            print(f"{line}; {t.span.describe(time)}" if time is not None else line, flush=True)
     distributed.barrier("rcgrpo_stage_outputs")
 
 
