@@ -172,10 +172,9 @@ def shuffled(rewards: np.ndarray, seed: int, iteration: int) -> np.ndarray:
 def heldout(config, cfg, tokenizer, mesh, entries, token, params) -> dict[str, float]:
     """The RL evaluation record: greedy held-out success (`eval_success`) and, with
     `eval.samples` k, the mean success of k samples per entry (`eval_sampled`)."""
-    model = (cfg, params)
+    model, k = (cfg, params), int(config.eval.samples)
     out = {"eval_success": success_rate(config, model, tokenizer, mesh, entries, token)}
-    if int(config.eval.samples):
-        k = int(config.eval.samples)
+    if k:
         out["eval_sampled"] = success_rate(config, model, tokenizer, mesh, entries, token, k)
     return out
 
@@ -404,9 +403,7 @@ def _iteration_record(step_metrics: list[dict], ro, update_s: float) -> dict[str
         "clip_frac": means["clip_frac"],
         "skipped": means["skipped"],
         # of the iteration's update calls, those applied (not skipped: no signal, non-finite)
-        "applied_frac": float(np.mean([1.0 - float(m["update_skipped"]) for m in step_metrics]))
-        if step_metrics
-        else 0.0,
+        "applied_frac": 1.0 - means["update_skipped"] if step_metrics else 0.0,
         "reward_mean": float(rewards.mean()),
         "reward_high": with_token(HIGH),
         "reward_low": with_token(LOW),

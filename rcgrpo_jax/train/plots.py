@@ -66,6 +66,10 @@ def plot_metrics(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
+    return _save(fig, out_path)
+
+
+def _save(fig: plt.Figure, out_path: str | Path) -> Path:
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_path, dpi=100)
@@ -202,9 +206,4 @@ def plot_rl(
     policy entropy, and entropy against reward (the paper ties falling entropy to rising reward).
     Training curves are smoothed over `smooth` points; missing or NaN values are skipped."""
     data = {label: read_jsonl(p) for label, p in runs.items()}
-    fig = _rl_figure(data, smooth=smooth, title=title)
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_path, dpi=100)
-    plt.close(fig)
-    return out_path
+    return _save(_rl_figure(data, smooth=smooth, title=title), out_path)
