@@ -23,7 +23,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, xla_flags
 from test_stages import OVERRIDES
 
 from rcgrpo_jax import models
@@ -41,9 +41,7 @@ def command(workdir: Path, **extra) -> list[str]:
 
 
 def environment() -> dict[str, str]:
-    return dict(
-        os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="--xla_force_host_platform_device_count=2"
-    )
+    return dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS=xla_flags(2))
 
 
 def run(workdir: Path, timeout: float = 900, **extra) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, xla_flags
 
 from rcgrpo_jax.train.metrics import read_jsonl
 
@@ -54,8 +54,6 @@ OVERRIDES = {
 # at rounding level and the tolerances below can be tight.
 OVERRIDES["rl.optim.eps"] = 1e-4
 OVERRIDES["rl.optim.lr"] = 1e-3  # pinned: the tolerances below scale with it, not with the demo's
-# Compile time dominates these runs; the same flags in every process, so results stay comparable.
-XLA_FAST = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 TIMEOUT_S = 600  # ~1.5 min alone on 2 idle cores; generous for a loaded CI machine
 # The samples, rewards and token counts must be equal exactly. Floats may not be: gradients are
 # all-reduced across the two processes by gloo and within one process by XLA's own collectives,
@@ -105,7 +103,7 @@ def _make_init(root: Path) -> Path:
 
 def _launch(workdir: Path, init: Path, process_id: int, nproc: int, port: int):
     env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // nproc} {XLA_FAST}"
+    env["XLA_FLAGS"] = xla_flags(8 // nproc)  # the same compile flags in every process
     env["RCGRPO_TEST_ENV_LOG"] = str(workdir / f"env.p{process_id}.jsonl")
     for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         env.pop(k, None)

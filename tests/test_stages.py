@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import jax
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, xla_flags
 
 from rcgrpo_jax import models
 from rcgrpo_jax.rl.advantages import sample_reward_tokens
@@ -58,9 +58,7 @@ OVERRIDES = {
 
 def main(workdir, **extra) -> subprocess.CompletedProcess:
     args = [f"--config.{k}={v}" for k, v in {**OVERRIDES, **extra}.items()]
-    env = dict(
-        os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="--xla_force_host_platform_device_count=2"
-    )
+    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS=xla_flags(2))
     out = subprocess.run(
         [sys.executable, "-m", "rcgrpo_jax.main", "--config=configs/tiny.py",
          f"--config.workdir={workdir}", *args],
