@@ -15,9 +15,10 @@ XLA_FAST = (
 )
 
 
-def xla_flags(devices: int) -> str:
-    """XLA_FLAGS for a test process with `devices` CPU devices (and the suite's compile flags)."""
-    return f"--xla_force_host_platform_device_count={devices} {XLA_FAST}".strip()
+def xla_flags(devices: int, fast: bool = True) -> str:
+    """XLA_FLAGS for a test process with `devices` CPU devices, and the suite's compile flags
+    unless `fast` is False (a user's compile)."""
+    return f"--xla_force_host_platform_device_count={devices} {XLA_FAST if fast else ''}".strip()
 
 
 # Must happen before JAX is imported anywhere in the test session.

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, mask_runs
+from conftest import REPO, mask_runs, xla_flags
 
 from rcgrpo_jax.envs import bfcl, prompts
 from rcgrpo_jax.envs.calls import extract_calls
@@ -109,7 +109,7 @@ def run_main(args: list[str], log: Path, devices: int = 1) -> dict:
     """`python -m rcgrpo_jax.main ARGS` in a child with `devices` CPU devices; exit code, wall
     seconds, peak RSS of the child (bytes, from wait4) and its output."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = xla_flags(devices, fast=False)  # the full-length runs compile as a user's
     t0 = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(
