@@ -71,8 +71,6 @@ def tokenizer_from_config(config: ml_collections.ConfigDict, model_path: str = "
     """The transformers tokenizer at `tokenizer_path`, else the one saved with the model
     (`model_path`, e.g. a previous stage's export, or model.hf_path), else one trained in the
     workdir on the environment's `tokenizer_corpus` (a model trained from scratch)."""
-    from transformers import AutoTokenizer
-
     path = config.tokenizer_path or model_path or config.model.hf_path
     corpus = None if path else environment(config).tokenizer_corpus()
     if corpus is not None:
@@ -101,6 +99,10 @@ def tokenizer_from_config(config: ml_collections.ConfigDict, model_path: str = "
         from transformers import PreTrainedTokenizerFast
 
         return PreTrainedTokenizerFast.from_pretrained(path)
+    # imported here: AutoTokenizer pulls in transformers' model configs, and with them torch
+    # where it is installed (~3 s a process), which a plain tokenizer does not need
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(path)
 
 

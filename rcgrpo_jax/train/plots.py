@@ -5,14 +5,23 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
+from rcgrpo_jax.train.metrics import read_jsonl
 
-matplotlib.use("Agg")  # headless: no display on training machines
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-import matplotlib.pyplot as plt  # noqa: E402
 
-from rcgrpo_jax.train.metrics import read_jsonl  # noqa: E402
+def _pyplot():
+    """matplotlib.pyplot, headless (no display on training machines). Imported on first use:
+    it costs ~0.6 s, which every process that never plots (tests, tools) would pay."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
@@ -52,7 +61,7 @@ def plot_metrics(
     if not isinstance(runs, Mapping):
         runs = {Path(p).parent.name or str(p): p for p in runs}
     data = {label: read_jsonl(p) for label, p in runs.items()}
-    fig, axes = plt.subplots(len(keys), 1, figsize=(7, 2.6 * len(keys)), squeeze=False)
+    fig, axes = _pyplot().subplots(len(keys), 1, figsize=(7, 2.6 * len(keys)), squeeze=False)
     for ax, key in zip(axes[:, 0], keys, strict=True):
         for label, records in data.items():
             xs, ys = _series(records, key)
@@ -69,11 +78,11 @@ def plot_metrics(
     return _save(fig, out_path)
 
 
-def _save(fig: plt.Figure, out_path: str | Path) -> Path:
+def _save(fig: Figure, out_path: str | Path) -> Path:
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_path, dpi=100)
-    plt.close(fig)
+    _pyplot().close(fig)
     return out_path
 
 
@@ -126,10 +135,10 @@ def rl_series(
 
 def _rl_figure(
     data: Mapping[str, list[dict]], *, smooth: int = 4, title: str | None = None
-) -> plt.Figure:
+) -> Figure:
     from matplotlib.lines import Line2D
 
-    fig, axes = plt.subplots(len(RL_PANELS), 1, figsize=(8, 2.8 * len(RL_PANELS)))
+    fig, axes = _pyplot().subplots(len(RL_PANELS), 1, figsize=(8, 2.8 * len(RL_PANELS)))
     ax_eval, ax_rew, ax_deg, ax_ent, ax_er = axes
     arm_handles = []
     for i, (label, records) in enumerate(data.items()):
