@@ -138,7 +138,7 @@ def shape_from_config(config, **overrides: int | None) -> Shape:
         "prefill_chunk": buckets.chunk_max,
         "decode_steps": buckets.decode_steps,
         "minibatches": max(1, int(rl.minibatches)),
-        "max_rows": int(rl.get("max_rows", 0)),
+        "max_rows": int(rl.max_rows),
     }
     base.update({k: int(v) for k, v in overrides.items() if v is not None})
     return Shape(**base)
