@@ -197,6 +197,10 @@ def base_config() -> ml_collections.ConfigDict:
     # Trajectories generated over the run (every round counts); the run stops when it is
     # reached. 0 = steps x num_prompts x group_size, what a run without dynamic sampling makes.
     c.rl.max_rollouts = 0
+    # Rollout rows the sampler holds at once (each chunk of rows its own KV cache, released
+    # before the next): bounds sampler memory by this, not by P x G; the trajectories are the
+    # same whatever it is. 0 = all P x G rows together.
+    c.rl.max_rows = 0
     c.rl.eval_every = 10  # iterations; 0 = never (RC-GRPO evaluates with <|high_reward|>)
     c.rl.checkpoint_every = 10
     c.rl.keep_checkpoints = 3

@@ -284,6 +284,7 @@ RULES: dict[str, Rule] = {
     "rl.dynamic_sampling": boolean,
     "rl.dynamic_max_rounds": integer(1),
     "rl.max_rollouts": integer(0),
+    "rl.max_rows": integer(0),
     "rl.eval_every": integer(0),
     "rl.checkpoint_every": integer(1),
     "rl.keep_checkpoints": integer(1),

@@ -51,6 +51,9 @@ class RolloutSettings:
     top_k: int = 0
     max_steps_per_turn: int = 20
     call_timeout_s: float = CALL_TIMEOUT_S  # wall-clock limit of one simulator call
+    # rows sampled at once, each chunk with its own KV cache (sampler memory bounded by it, not
+    # by P x G); the same trajectories whatever it is. 0 = all rows at once
+    max_rows: int = 0
 
 
 @dataclasses.dataclass
@@ -147,64 +150,103 @@ def collect(
         if len(stops) == 1
         else tokenizer.convert_tokens_to_ids(prompts.end_of_turn_token(tokenizer))
     )
-    # Trajectories end below max_len (checked here), but a padded prefill chunk may write past a
+    rows = _Rows(start, set(failed_at_start), episodes, errors, owner, entries, g, stops, eot)
+    chunk = settings.max_rows or n
+    trajs, prefill, truncated, assistant_steps = [], [], [], 0
+    for lo in range(0, n, chunk):  # each chunk of rows with its own cache, released after it
+        part = range(lo, min(lo + chunk, n))
+        t, pf, tr, steps = _sample(cfg, params, tokenizer, rows, part, settings, seed, mesh)
+        trajs += t
+        prefill += pf
+        truncated += tr
+        assistant_steps += steps
+    rollout_s = time.perf_counter() - t0
+    results, errors = _row_results(episodes, errors, mine, entries, g)
+    return _pack(
+        trajs, prefill, episodes, reward_tokens, truncated, settings, rollout_s,
+        assistant_steps, owner, results, errors,
+    )  # fmt: skip
+
+
+@dataclasses.dataclass
+class _Rows:
+    """Host state of all P x G rows, indexed by global row (prompts, rows whose environment
+    failed at the start, episodes, errors, owning processes), and the stop / end-of-turn ids."""
+
+    start: list[list[int]]
+    failed: set[int]
+    episodes: list[Episode | None]
+    errors: list[str | None]
+    owner: list[int]
+    entries: Sequence[Any]
+    g: int
+    stops: list[int]
+    eot: int
+
+
+def _sample(
+    cfg, params, tokenizer, rows: _Rows, part: range, settings: RolloutSettings, seed, mesh
+) -> tuple[list[Any], list[int], list[bool], int]:
+    """Rows `part` (global ids) to the end of their trajectories in one `Session` whose row r
+    is global row part.start + r (so each draws its own random stream, whatever the chunking).
+    Returns their trajectories, prefilled tokens, truncation flags and assistant steps."""
+    lo = part.start
+    # Trajectories end below max_len (checked above), but a padded prefill chunk may write past a
     # row's last real token: the cache gets that much headroom (CapacityError otherwise).
     session = Session(
         cfg, params, temperature=settings.temperature, top_p=settings.top_p,
         top_k=settings.top_k, seed=seed, mesh=mesh,
-        max_len=cache_capacity(settings.max_len),
+        max_len=cache_capacity(settings.max_len), first_row=lo,
     )  # fmt: skip
-    session.start(start, reserve=settings.max_new_tokens)
-    session.finish(failed_at_start)
-    length = [len(s) for s in start]
-    truncated = [False] * n
+    session.start([rows.start[r] for r in part], reserve=settings.max_new_tokens)
+    session.finish([r - lo for r in part if r in rows.failed])
+    length = [len(rows.start[r]) for r in part]
+    truncated = [False] * len(part)
     assistant_steps = 0
-    while session.live_rows:
+    while session.live_rows:  # session row i is global row lo + i
         # 2 slots of headroom: the sampler writes one padding token after a row's last token
         budget = {
-            r: min(settings.max_new_tokens, settings.max_len - 2 - length[r])
-            for r in session.live_rows
+            i: min(settings.max_new_tokens, settings.max_len - 2 - length[i])
+            for i in session.live_rows
         }
-        full = [r for r, b in budget.items() if b <= 0]
-        for r in full:
-            truncated[r] = True
+        full = [i for i, b in budget.items() if b <= 0]
+        for i in full:
+            truncated[i] = True
         session.finish(full)
-        rows = session.live_rows
-        if not rows:
+        live = session.live_rows
+        if not live:
             break
-        out = session.decode_turn({r: budget[r] for r in rows}, stops)  # every row, everywhere
-        for r in rows:
-            length[r] += len(out.tokens[r])
-        assistant_steps += len(rows)
+        out = session.decode_turn({i: budget[i] for i in live}, rows.stops)  # on every process
+        for i in live:
+            length[i] += len(out.tokens[i])
+        assistant_steps += len(live)
         # The environment steps this process's rows; each reports [status, *tokens to append].
         reports = []
-        for r in rows:
-            if owner[r] != distributed.process_index():
+        for i in live:
+            r = lo + i
+            if rows.owner[r] != distributed.process_index():
                 continue
             advance = functools.partial(
-                _advance, episodes[r], tokenizer, out.tokens[r], out.stopped[r], length[r], eot,
-                settings,
+                _advance, rows.episodes[r], tokenizer, out.tokens[i], out.stopped[i], length[i],
+                rows.eot, settings,
             )  # fmt: skip
-            reports.append(_guarded(errors, r, entries[r // g], advance) or [_FAILED])
+            entry = rows.entries[r // rows.g]
+            reports.append(_guarded(rows.errors, r, entry, advance) or [_FAILED])
         gathered = distributed.allgather_rows(reports)
-        by_process = [iter(part) for part in gathered]
+        by_process = [iter(p) for p in gathered]
         done, appends = [], {}
-        for r in rows:  # every process lists its rows in this same order
-            status, *more = next(by_process[owner[r]])
+        for i in live:  # every process lists its rows in this same order
+            status, *more = next(by_process[rows.owner[lo + i]])
             if status == _APPEND:
-                appends[r] = more
-                length[r] += len(more)
+                appends[i] = more
+                length[i] += len(more)
                 continue
-            truncated[r] = truncated[r] or status == _TRUNCATED
-            done.append(r)  # _DONE, _TRUNCATED, _FAILED
+            truncated[i] = truncated[i] or status == _TRUNCATED
+            done.append(i)  # _DONE, _TRUNCATED, _FAILED
         session.finish(done)
         session.append(appends)
-    rollout_s = time.perf_counter() - t0
-    results, errors = _row_results(episodes, errors, mine, entries, g)
-    return _pack(
-        session, episodes, reward_tokens, truncated, settings, rollout_s, assistant_steps,
-        owner, results, errors,
-    )  # fmt: skip
+    trajs = [session.trajectory(i) for i in range(len(part))]  # copies: fetch each once
+    return trajs, session.prefill_tokens, truncated, assistant_steps
 
 
 # per-row environment outcomes of one assistant step
@@ -272,10 +314,10 @@ def _row_results(episodes, errors, mine, entries, g):
 
 
 def _pack(
-    session, episodes, reward_tokens, truncated, settings, rollout_s, steps, owner, flat, errors
-):
+    trajs, prefill, episodes, reward_tokens, truncated, settings, rollout_s, steps, owner, flat,
+    errors,
+):  # fmt: skip
     p, g = reward_tokens.shape
-    trajs = [session.trajectory(r) for r in range(p * g)]  # copies: fetch each once
     longest = max(len(traj.tokens) for traj in trajs)
     t = min(length_bucket(longest), settings.max_len)  # rows sized to their content
     tokens = np.zeros((p, g, t), np.int32)
@@ -297,7 +339,6 @@ def _pack(
     for i in range(p):
         for j in range(g):
             rewards[i, j] = results[i][j].reward
-    prefill = session.prefill_tokens
     stats = {
         "rollout_s": rollout_s,
         "assistant_steps": float(steps),

@@ -128,7 +128,8 @@ class Session:
     lists those not finished. Sampling settings are fixed per session: temperature 0 is greedy;
     otherwise temperature, then top-k (0 = off), then top-p (1 = off) filter the distribution.
     Each row draws from its own random stream (seed, row, token index), so a fixed seed gives the
-    same samples whatever the batch composition, bucketing or sharding.
+    same samples whatever the batch composition, bucketing or sharding; `first_row` numbers a
+    session's rows from there, so that a batch split over several sessions draws as one does.
     """
 
     def __init__(
@@ -143,6 +144,7 @@ class Session:
         mesh: Mesh | None = None,
         max_len: int | None = None,
         buckets: Buckets = Buckets(),  # noqa: B008 (frozen dataclass)
+        first_row: int = 0,
     ) -> None:
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -162,6 +164,7 @@ class Session:
         self._top_k = np.int32(top_k)
         self._top_p = np.float32(top_p)
         self._key = jax.random.key(seed)
+        self._first_row = int(first_row)  # row r draws from stream (seed, first_row + r)
         self._shard = 1
         if self.mesh is not None:
             self._shard = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
@@ -223,7 +226,7 @@ class Session:
         capacity = self._cache_bucket(max(self._chunk_bucket(longest), longest + first_decode))
         self._live = unique
         traj = np.full((self._batch_bucket(unique),), -1, np.int32)
-        traj[: len(unique)] = unique
+        traj[: len(unique)] = np.asarray(unique) + self._first_row
         with models.use_mesh(self.mesh):
             self._state = core.init_state(self.cfg, capacity, traj)
         self._append({r: prompts[r] for r in unique})
@@ -231,7 +234,7 @@ class Session:
             slot = {r: i for i, r in enumerate(unique)}
             batch = self._batch_bucket(prompts)
             traj = np.full((batch,), -1, np.int32)
-            traj[:n] = np.arange(n)
+            traj[:n] = np.arange(n) + self._first_row
             idx = self._index([slot[s] for s in source], batch)
             self._state = self._in_mesh(core.gather_rows, self.cfg, self._state, idx, traj)
             for r, s in enumerate(source):

@@ -19,9 +19,10 @@ mesh and lowers + compiles, with abstract inputs only (ShapeDtypeStructs carryin
 nothing is allocated):
 
 - train:   the fused RC-GRPO step (`rl.train_step.make_rl_step`) on a [P, G, T] rollout batch;
-- decode:  the sampler's decode program (`sampling.core.decode`) over every rollout row of an
-           iteration (num_prompts·G = P·minibatches·G, `sampling.batch_capacity`) at the cache
-           length the rollout allocates (`sampling.cache_capacity(T)`);
+- decode:  the sampler's decode program (`sampling.core.decode`) over the rollout rows held at
+           once (every row of an iteration, num_prompts·G = P·minibatches·G, or `rl.max_rows` of
+           them; `sampling.batch_capacity`) at the cache length the rollout allocates
+           (`sampling.cache_capacity(T)`);
 - prefill: the sampler's prefill program for one chunk (`--prefill_chunk`) into that cache.
 
 Per program it reports XLA's per-device memory (arguments, outputs, temporaries, peak), whether
@@ -99,6 +100,7 @@ class Shape:
     prefill_chunk: int = 128  # the sampler's largest prefill chunk (Buckets.chunk_max)
     decode_steps: int = 64  # tokens per decode call (Buckets.decode_steps); memory barely moves
     minibatches: int = 1  # train steps per rollout batch: the sampler rolls out all of them
+    max_rows: int = 0  # rows the sampler holds at once (rl.max_rows); 0 = all of them
 
     @property
     def rollouts(self) -> int:
@@ -107,8 +109,10 @@ class Shape:
 
     @property
     def sampler_rows(self) -> int:
-        """Rows the sampler rolls out at once: every train step's, num_prompts·G."""
-        return self.prompts * self.minibatches * self.group
+        """Rows the sampler rolls out at once: every train step's, num_prompts·G, or
+        `max_rows` of them (the rollout samples them a chunk at a time)."""
+        rows = self.prompts * self.minibatches * self.group
+        return min(rows, self.max_rows) if self.max_rows else rows
 
     @property
     def cache(self) -> int:
@@ -134,6 +138,7 @@ def shape_from_config(config, **overrides: int | None) -> Shape:
         "prefill_chunk": buckets.chunk_max,
         "decode_steps": buckets.decode_steps,
         "minibatches": max(1, int(rl.minibatches)),
+        "max_rows": int(rl.max_rows),
     }
     base.update({k: int(v) for k, v in overrides.items() if v is not None})
     return Shape(**base)
@@ -330,8 +335,8 @@ def compile_train(jitted, mesh, state, batch) -> Compiled:
 
 
 def sampler_batch(mesh, shape: Shape) -> int:
-    """State rows of the rollout's session: all num_prompts·G rows, bucketed as `Session`
-    buckets them (`sampling.batch_capacity` over the mesh's data x fsdp shards)."""
+    """State rows of the rollout's session: num_prompts·G rows (or rl.max_rows), bucketed as
+    `Session` buckets them (`sampling.batch_capacity` over the mesh's data x fsdp shards)."""
     from rcgrpo_jax.sampling import batch_capacity
 
     return batch_capacity(shape.sampler_rows, mesh.shape["data"] * mesh.shape["fsdp"])
@@ -666,7 +671,7 @@ def describe(rows: Sequence[dict[str, Any]], assume: Assumptions) -> str:
             f"fits: total <= {assume.headroom:.0%} of HBM. time: max(hw FLOPs / (chips x peak x "
             f"{assume.efficiency:.0%}), HBM bytes / bandwidth); ICI collectives not modelled",
             "train FLOPs: 6*N*tokens + 12*L*H*D*T*tokens (+ remat recompute in hw); decode: "
-            "per token step of all num_prompts*G rows; prefill: one chunk of all rows",
+            "per token step of the rows held at once; prefill: one chunk of those rows",
         ]
     )
 

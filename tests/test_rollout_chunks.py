@@ -1,0 +1,80 @@
+"""Chunked rollouts (`rl.max_rows`): the P x G rows sampled a chunk at a time, each chunk with its
+own KV cache, give the trajectories of one batch: tokens, sampled mask, rewards and checker
+results exactly (each row draws from its own random stream, seed x global row x token index,
+whatever session it is in), log-probs to f32 rounding (a chunk runs other batch and cache-length
+buckets, i.e. other XLA programs, whose reductions round differently: ~1e-7 relative here).
+On the tiny demo's model and tokenizer, and on a tiny Qwen2 with the real
+Qwen2.5 tokenizer and chat template (skipped without `../shared/tokenizers`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+import numpy as np
+from conftest import REPO
+
+from rcgrpo_jax.envs.reward_tokens import HIGH, LOW
+from rcgrpo_jax.rl.rollout import RolloutSettings, collect
+from rcgrpo_jax.stages import setup
+
+P, G = 2, 3
+# [P, G] tokens: both kinds in every group, as RC-GRPO conditions them
+TOKENS = np.array([[HIGH, LOW, HIGH]] * P, np.int32)
+
+
+def tiny_config(workdir, **model):
+    spec = importlib.util.spec_from_file_location("tiny_config", REPO / "configs" / "tiny.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    c.workdir = str(workdir)
+    c.mesh.shape = (-1, 1, 1)  # rows sharded over 8 devices: chunks pad to the data axis too
+    c.env.synthetic.num_train = 8
+    c.env.synthetic.difficulty.turns = (2, 2)  # later user turns: the append path runs
+    for k, v in model.items():
+        c.model[k] = v
+    return c
+
+
+def rollouts(config, max_rows: int):
+    s = setup.with_reward_tokens(setup.start(config))
+    env = setup.environment(config)
+    entries = list(env.tasks("train"))[:P]
+    settings = RolloutSettings(
+        chat_format=config.model.chat_format, max_new_tokens=8, max_len=1024,
+        temperature=1.0, max_steps_per_turn=2, max_rows=max_rows,
+    )  # fmt: skip
+    return collect(
+        s.cfg, s.params, s.tokenizer, env, entries, TOKENS, settings, seed=3, mesh=s.mesh
+    )
+
+
+def assert_same(a, b) -> None:
+    for field in ("tokens", "segments", "loss_mask", "rewards", "reward_token"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+    np.testing.assert_allclose(a.old_logprobs, b.old_logprobs, rtol=1e-6, atol=1e-6)
+    assert [dataclasses.asdict(r) for row in a.results for r in row] == [
+        dataclasses.asdict(r) for row in b.results for r in row
+    ]
+    for key in ("assistant_steps", "sampled_tokens", "trajectory_tokens", "truncated"):
+        assert a.stats[key] == b.stats[key], key
+
+
+def check_chunking(config, sizes: tuple[int, ...]) -> None:
+    whole = rollouts(config, 0)
+    assert whole.loss_mask.sum(-1).min() > 0 and whole.stats["assistant_steps"] > P * G
+    for max_rows in sizes:
+        assert_same(whole, rollouts(config, max_rows))
+
+
+def test_chunked_rollout_equals_one_batch_on_the_demo_model(tmp_path):
+    check_chunking(tiny_config(tmp_path), (4, 1))  # 4 splits a group; 1 row is the smallest
+
+
+def test_chunked_rollout_equals_one_batch_with_the_real_qwen_tokenizer(tokenizer_root, tmp_path):
+    from test_bfcl_e2e import make_checkpoint
+
+    model = tmp_path / "model"
+    make_checkpoint("qwen2", tokenizer_root / "qwen2.5", model)
+    check_chunking(tiny_config(tmp_path / "run", hf_path=str(model)), (4,))
