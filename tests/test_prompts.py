@@ -134,3 +134,26 @@ def test_tools_reach_the_template(tokenizers):
     assert python.tools is None
     assert '"name": "mkdir"' in python.messages[0]["content"]
     assert "[func_name1(params_name1=params_value1" in python.messages[0]["content"]
+
+
+def test_prompt_lengths_are_shared_by_equal_tokenizers(tokenizer_root):
+    """A later stage loads the same tokenizer again (from an export): its first-prompt lengths
+    come from the memo, not from rendering again; the reward tokens added to a tokenizer give
+    it lengths of its own (the token is then one id, not pieces)."""
+    from transformers import AutoTokenizer
+
+    from rcgrpo_jax import envs
+    from rcgrpo_jax.stages import setup
+
+    env = envs.get("bfcl")()
+    entry = bfcl.split_entries("test", "multi_turn_base")[0]
+    first = AutoTokenizer.from_pretrained(str(tokenizer_root / "qwen2.5"))
+    n = setup.prompt_length(env, first, entry, "qwen")
+    again = AutoTokenizer.from_pretrained(str(tokenizer_root / "qwen2.5"))
+    before = len(setup._PROMPT_LENGTHS)
+    assert setup.prompt_length(env, again, entry, "qwen") == n
+    assert len(setup._PROMPT_LENGTHS) == before  # a hit: nothing rendered
+    prompts.add_reward_tokens(again)
+    shorter = setup.prompt_length(env, again, entry, "qwen")
+    assert len(setup._PROMPT_LENGTHS) == before + 1 and shorter < n
+    assert setup.prompt_length(env, first, entry, "qwen") == n  # the plain one keeps its own

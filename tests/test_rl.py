@@ -312,9 +312,11 @@ def test_rl_rows_sized_to_content_one_program_per_bucket(params):
         lengths[0] = longest
         lengths = np.minimum(lengths, settings.max_len)  # collect ends a row at max_len
         flat = [RewardResult(float(i % 2), True, True) for i in range(P * G)]
+        fake = _FakeSession(lengths, seed)
         ro = _pack(
-            _FakeSession(lengths, seed), [None] * (P * G), np.zeros((P, G), np.int32),
-            [False] * (P * G), settings, 1.0, 1, [0] * (P * G), flat, [None] * (P * G),
+            [fake.trajectory(r) for r in range(P * G)], fake.prefill_tokens, [None] * (P * G),
+            np.zeros((P, G), np.int32), [False] * (P * G), settings, 1.0, 1, [0] * (P * G), flat,
+            [None] * (P * G),
         )  # fmt: skip
         t = ro.tokens.shape[-1]
         assert t == min(length_bucket(int(lengths.max())), settings.max_len) and t >= lengths.max()

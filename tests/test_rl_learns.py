@@ -100,8 +100,9 @@ def session_batch(cfg, params, seed: int = 0) -> dict[str, np.ndarray]:
     sess.decode_turn(6)
     n = P * G
     flat = [RewardResult(float(r % 3 == 0), True, True) for r in range(n)]
+    trajs = [sess.trajectory(r) for r in range(n)]
     ro = _pack(
-        sess, [None] * n, np.zeros((P, G), np.int32), [False] * n,
+        trajs, sess.prefill_tokens, [None] * n, np.zeros((P, G), np.int32), [False] * n,
         RolloutSettings(chat_format="python", max_len=64), 1.0, 2, [0] * n, flat, [None] * n,
     )  # fmt: skip
     return ro.batch()

@@ -51,3 +51,22 @@ def test_flops_and_mfu():
     tied = cfg.replace(tie_embeddings=True)
     assert metrics.flops_per_token(tied, 8) == 6 * tied.num_params() + 12 * 2 * 4 * 4 * 8
     assert metrics.mfu(1000.0, 1e6, 1e10) == pytest.approx(0.1)
+
+
+def test_event_file_does_not_import_torch(tmp_path):
+    """A stage's TensorBoard events leave torch unimported (tensorboardX's package would import
+    it, ~2.5 s a process wherever torch is installed), the events are written, and torch still
+    imports afterwards."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    code = "\n".join([
+        "import sys", "from pathlib import Path", "from rcgrpo_jax.train.metrics import EventFile",
+        f"events = EventFile(Path({str(tmp_path)!r}) / 'tb')",
+        "events.scalars(1, {'loss': 0.5})", "events.close()",
+        "assert 'torch' not in sys.modules, 'torch imported'", "import torch", "print('ok')",
+    ])  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert any((tmp_path / "tb").glob("events*"))

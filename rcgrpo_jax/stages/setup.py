@@ -318,18 +318,34 @@ def task_entries(config: ml_collections.ConfigDict, split: str) -> list:
 
 # The sampler keeps 2 slots of headroom and a row needs room for at least one sampled token.
 PROMPT_HEADROOM = 3
-_PROMPT_LENGTHS: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
+_PROMPT_LENGTHS: dict[tuple, int] = {}  # (fingerprint, len(tokenizer), chat format, entry)
+_FINGERPRINTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _SAID: set[str] = set()
+
+
+def _fingerprint(tokenizer: Any) -> str:
+    """What a tokenizer encodes by (its serialised vocabulary, merges and added tokens, and its
+    chat template), so that the same tokenizer loaded again by a later stage of the run, from
+    the model's directory or an export, shares the memo. Computed once per object: tokens added
+    later (the reward tokens) are told apart by the memo's key, which holds len(tokenizer)."""
+    import hashlib
+
+    if tokenizer not in _FINGERPRINTS:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        text = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab()))
+        text += str(getattr(tokenizer, "chat_template", None))
+        _FINGERPRINTS[tokenizer] = hashlib.sha1(text.encode()).hexdigest()
+    return _FINGERPRINTS[tokenizer]
 
 
 def prompt_length(env: Any, tokenizer: Any, entry: Any, chat_format: str) -> int:
     """Tokens of `entry`'s first prompt (system prompt with a reward token, tools, first user
-    turn, generation prompt): what a rollout starts from. Memoised per tokenizer."""
+    turn, generation prompt): what a rollout starts from. Memoised per tokenizer content."""
     from rcgrpo_jax.envs import EpisodeSettings, prompts
     from rcgrpo_jax.envs.reward_tokens import HIGH
 
-    cache = _PROMPT_LENGTHS.setdefault(tokenizer, {})
-    key = (len(tokenizer), chat_format, entry.category, entry.id)
+    cache = _PROMPT_LENGTHS
+    key = (_fingerprint(tokenizer), len(tokenizer), chat_format, entry)  # entry: by identity
     if key not in cache:
         # the high token stands for either token (both render alike); without the token in the
         # vocabulary it is spelled in pieces, so this never undercounts a conditioned prompt

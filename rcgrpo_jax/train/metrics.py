@@ -97,11 +97,29 @@ class JsonlLog:
             self._fd = None
 
 
+def _import_tensorboardx() -> None:
+    """Imports tensorboardX with torch hidden: its package __init__ loads its SummaryWriter,
+    which tries `import torch` only to accept torch tensors (we write floats), ~2.5 s a process
+    wherever torch is installed. Done once, in the main thread, before any writer exists."""
+    import sys
+
+    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+        import tensorboardX  # noqa: F401
+
+        return
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX handles
+    try:
+        import tensorboardX  # noqa: F401
+    finally:
+        del sys.modules["torch"]
+
+
 class EventFile:
     """Scalars appended to a TensorBoard event file in `logdir`, one event per step, written
     and flushed in the caller's thread (a failure raises OutputError here, never hangs)."""
 
     def __init__(self, logdir: Path) -> None:
+        _import_tensorboardx()
         from tensorboardX.event_file_writer import EventsWriter
 
         self.logdir = logdir
