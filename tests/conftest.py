@@ -4,28 +4,6 @@ from __future__ import annotations
 
 import os
 
-
-def _pin_xdist_worker() -> None:
-    """Under `pytest -n N`, each worker (and every child process it starts) runs on its own
-    share of the CPUs. Unpinned, two workers' XLA thread pools oversubscribe the cores; pinned,
-    a pair of test files ran in 93 s against 106-117 s (docs/benchmarks.md, CI).
-    RCGRPO_TEST_PIN=0 leaves the workers unpinned."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
-    if not worker.startswith("gw") or count < 2 or os.environ.get("RCGRPO_TEST_PIN") == "0":
-        return
-    if not hasattr(os, "sched_setaffinity"):
-        return
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < count:
-        return
-    index = int(worker[2:]) % count
-    share = len(cpus) // count
-    os.sched_setaffinity(0, cpus[index * share : (index + 1) * share])
-
-
-_pin_xdist_worker()  # before JAX (or any thread pool) starts in this process
-
 # Compile time, not run time, dominates the suite's tiny programs: XLA's backend at -O0 compiles
 # them ~2x faster. The unit tests and the short CLI runs use it (every process of a comparison
 # compiles with the same flags); the full-length runs (tests/test_bfcl_e2e.py) and CI's fresh-venv
