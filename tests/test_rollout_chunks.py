@@ -78,19 +78,3 @@ def test_chunked_rollout_equals_one_batch_with_the_real_qwen_tokenizer(tokenizer
     model = tmp_path / "model"
     make_checkpoint("qwen2", tokenizer_root / "qwen2.5", model)
     check_chunking(tiny_config(tmp_path / "run", hf_path=str(model)), (4,))
-
-
-def test_kv_cache_is_held_in_the_compute_dtype():
-    """What the planner counts and the sampler allocates: the KV cache in the model's compute
-    dtype (bf16 on the 7B/8B configs, f32 where a run asks for f32); segments and ends int32."""
-    import jax.numpy as jnp
-    from conftest import tiny_model_config
-
-    from rcgrpo_jax.sampling import core
-
-    for dtype in ("bfloat16", "float32"):
-        cfg = tiny_model_config(dtype=dtype)
-        cache = core.state_shapes(cfg, 4, 64).cache
-        assert {x.dtype for x in (*cache.k, *cache.v)} == {jnp.dtype(dtype)}
-        assert cache.segments.dtype == cache.end.dtype == jnp.int32
-        assert cache.k[0].shape == (4, cfg.num_kv_heads, cfg.head_dim, 64)

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_model_config
 
 from rcgrpo_jax import models, sampling
 from rcgrpo_jax.models import decoder
@@ -272,6 +273,17 @@ def test_capacity_and_input_errors(loaded):
     sess2.finish([1])
     with pytest.raises(ValueError, match="finished"):
         sess2.append({1: [3]})
+
+
+def test_kv_cache_is_held_in_the_compute_dtype():
+    """What the planner counts and the sampler allocates: the KV cache in the model's compute
+    dtype (bf16 on the 7B/8B configs, f32 where a run asks for f32); segments and ends int32."""
+    for dtype in ("bfloat16", "float32"):
+        cfg = tiny_model_config(dtype=dtype)
+        cache = sampling.state_shapes(cfg, 4, 64).cache
+        assert {x.dtype for x in (*cache.k, *cache.v)} == {jnp.dtype(dtype)}
+        assert cache.segments.dtype == cache.end.dtype == jnp.int32
+        assert cache.k[0].shape == (4, cfg.num_kv_heads, cfg.head_dim, 64)
 
 
 def test_state_shapes_describe_the_real_state(loaded):
