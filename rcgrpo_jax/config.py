@@ -35,6 +35,11 @@ def base_config() -> ml_collections.ConfigDict:
 
     # (data, fsdp, tensor); product must equal the number of devices in use, -1 fills one axis.
     c.mesh = ml_collections.ConfigDict({"shape": (-1, 1, 1)})
+    # What the sampler reads (rollouts and evaluation): "tensor" = a compute-dtype copy of the
+    # weights over the tensor axis only, made once per rollout; "train" = the training layout
+    # itself, which under FSDP XLA gathers whole, in f32, before the decode loop
+    # (`models.config.SAMPLER_WEIGHTS`).
+    c.mesh.sampler_weights = "tensor"
 
     c.model = ml_collections.ConfigDict()
     c.model.hf_path = ""  # Hugging Face model dir (config.json + *.safetensors); "" = random init

@@ -148,6 +148,12 @@ def _remat() -> tuple[str, ...]:
     return REMAT_POLICIES
 
 
+def _sampler_weights() -> tuple[str, ...]:
+    from rcgrpo_jax.models.config import SAMPLER_WEIGHTS
+
+    return SAMPLER_WEIGHTS
+
+
 def _families() -> tuple[str, ...]:
     from rcgrpo_jax.models.families import FAMILIES
 
@@ -195,6 +201,7 @@ RULES: dict[str, Rule] = {
     "controls": subset(("shuffled", "lr0"), allow_empty=True),
     "compile.cache_dir": text,
     "mesh.shape": mesh_shape,
+    "mesh.sampler_weights": lambda v: choice(_sampler_weights())(v),
     "model.hf_path": existing_path,
     "model.gather_head": boolean,
     "model.dtype": choice(DTYPES),

@@ -1,6 +1,7 @@
 """Model layer: one decoder for Qwen2.5 and LLaMA-3.1, HF checkpoint I/O, mesh sharding."""
 
 from rcgrpo_jax.models.api import (
+    SAMPLER_WEIGHTS,
     Params,
     apply,
     forward,
@@ -12,6 +13,9 @@ from rcgrpo_jax.models.api import (
     params_mesh,
     positions_from_mask,
     resize_vocab,
+    sampler_param_shapes,
+    sampler_param_shardings,
+    sampler_params,
     token_logprobs,
 )
 from rcgrpo_jax.models.config import ModelConfig, RopeScaling
@@ -36,6 +40,10 @@ __all__ = [
     "param_shardings",
     "positions_from_mask",
     "resize_vocab",
+    "SAMPLER_WEIGHTS",
+    "sampler_param_shapes",
+    "sampler_param_shardings",
+    "sampler_params",
     "save_hf",
     "token_logprobs",
     "use_mesh",

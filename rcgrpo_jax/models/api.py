@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 
 from rcgrpo_jax.models import decoder, sharding, weights
-from rcgrpo_jax.models.config import ModelConfig
+from rcgrpo_jax.models.config import SAMPLER_WEIGHTS, ModelConfig
 from rcgrpo_jax.models.weights import Params
 
 _INITS = {
@@ -67,6 +67,59 @@ def param_logical_axes(cfg: ModelConfig) -> Params:
 
 def param_shardings(cfg: ModelConfig, mesh: Mesh) -> Params:
     return sharding.tree_shardings(mesh, param_logical_axes(cfg), param_shapes(cfg))
+
+
+_SAMPLER_REPLICATE = ("data", "fsdp")
+
+
+def _keeps_dtype(axes: tuple[str, ...]) -> bool:
+    """Norm scales: the forward reads them in their own dtype (every other weight is cast to
+    the compute dtype where it is used, so casting it beforehand changes no value)."""
+    return axes[-1] == "norm"
+
+
+def sampler_param_shapes(cfg: ModelConfig) -> Params:
+    """Abstract weights of the "tensor" sampler layout: the compute dtype, norms as stored."""
+    cast = lambda s: jax.ShapeDtypeStruct(s.shape, cfg.compute_dtype)
+    return jax.tree.map(
+        lambda axes, s: s if _keeps_dtype(axes) else cast(s),
+        param_logical_axes(cfg),
+        param_shapes(cfg),
+        is_leaf=weights.is_axes,
+    )
+
+
+def sampler_param_shardings(cfg: ModelConfig, mesh: Mesh) -> Params:
+    return sharding.tree_shardings(
+        mesh, param_logical_axes(cfg), param_shapes(cfg), replicate=_SAMPLER_REPLICATE
+    )
+
+
+@functools.cache
+def _sampler_copy(cfg: ModelConfig, mesh: Mesh | None):
+    axes = param_logical_axes(cfg)
+
+    def cast(params):
+        return jax.tree.map(
+            lambda a, w: w if _keeps_dtype(a) else w.astype(cfg.compute_dtype),
+            axes, params, is_leaf=weights.is_axes,
+        )  # fmt: skip
+
+    out = None if mesh is None else sampler_param_shardings(cfg, mesh)
+    return jax.jit(cast, out_shardings=out)
+
+
+def sampler_params(cfg: ModelConfig, params: Params, layout: str = "tensor") -> Params:
+    """The weights a sampling session reads under `layout` (one of SAMPLER_WEIGHTS): `params`
+    themselves for "train"; for "tensor", a copy in the compute dtype laid out over the tensor
+    axis only. Sampling from either gives the same values up to the matmuls' partitioning."""
+    if layout not in SAMPLER_WEIGHTS:
+        raise ValueError(f"sampler weights {layout!r}; expected one of {SAMPLER_WEIGHTS}")
+    if layout == "train":
+        return params
+    mesh = params_mesh(params)
+    with sharding.use_mesh(mesh):
+        return _sampler_copy(cfg, mesh)(params)
 
 
 def init_params(cfg: ModelConfig, rng: jax.Array, mesh: Mesh | None = None) -> Params:

@@ -13,6 +13,13 @@ from rcgrpo_jax.models.families import FAMILIES
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ATTENTION_KINDS = ("auto", "dense", "flash", "splash", "cudnn")  # see models/attention.py
+# mesh.sampler_weights: the weights the sampler reads.
+#   "tensor": a compute-dtype copy, sharded over the tensor axis only (replicated over data and
+#     fsdp), made once per rollout. Each decode step reads local weights; the cost is the copy.
+#   "train": the training state's own weights. Under FSDP, XLA gathers every layer's weights in
+#     the parameter dtype before the decode loop (they are loop-invariant), so the sampler holds
+#     them whole anyway, in f32 (qwen7b on v6e-16: 26.6 GiB of temporaries, tools.plan).
+SAMPLER_WEIGHTS = ("tensor", "train")
 
 
 def known_fields(cls: type, d: Mapping[str, Any], what: str) -> dict[str, Any]:

@@ -61,9 +61,13 @@ def make_mesh(
 
 
 def logical_to_spec(
-    logical_axes: Sequence[str | None], shape: Sequence[int] | None = None, mesh: Mesh | None = None
+    logical_axes: Sequence[str | None],
+    shape: Sequence[int] | None = None,
+    mesh: Mesh | None = None,
+    replicate: Sequence[str] = (),
 ) -> PartitionSpec:
-    """Resolves logical axes through the rules; with a shape and mesh, drops non-dividing axes."""
+    """Resolves logical axes through the rules; with a shape and mesh, drops non-dividing axes.
+    Mesh axes in `replicate` are never used (the array is replicated over them)."""
     if shape is not None and len(shape) != len(logical_axes):
         raise ValueError(f"logical axes {tuple(logical_axes)} do not match shape {tuple(shape)}")
     used: set[str] = set()
@@ -76,7 +80,7 @@ def logical_to_spec(
         kept = []
         size = 1
         for ax in axes:
-            if ax in used:
+            if ax in used or ax in replicate:
                 continue
             ax_size = mesh.shape[ax] if mesh is not None else 1
             if shape is not None and shape[i] % (size * ax_size):
@@ -89,15 +93,19 @@ def logical_to_spec(
 
 
 def named_sharding(
-    mesh: Mesh, logical_axes: Sequence[str | None], shape: Sequence[int]
+    mesh: Mesh,
+    logical_axes: Sequence[str | None],
+    shape: Sequence[int],
+    replicate: Sequence[str] = (),
 ) -> NamedSharding:
-    return NamedSharding(mesh, logical_to_spec(logical_axes, shape, mesh))
+    return NamedSharding(mesh, logical_to_spec(logical_axes, shape, mesh, replicate))
 
 
-def tree_shardings(mesh: Mesh, logical_tree, shape_tree):
-    """Maps a pytree of logical-axis tuples and a matching pytree of shapes to NamedShardings."""
+def tree_shardings(mesh: Mesh, logical_tree, shape_tree, replicate: Sequence[str] = ()):
+    """Maps a pytree of logical-axis tuples and a matching pytree of shapes to NamedShardings
+    (never over the mesh axes in `replicate`)."""
     return jax.tree.map(
-        lambda axes, s: named_sharding(mesh, axes, s.shape),
+        lambda axes, s: named_sharding(mesh, axes, s.shape, replicate),
         logical_tree,
         shape_tree,
         is_leaf=lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x),

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from rcgrpo_jax import distributed
+from rcgrpo_jax import distributed, models
 from rcgrpo_jax.data.packing import loss_index
 from rcgrpo_jax.envs import Environment, Episode, EpisodeSettings, prompts
 from rcgrpo_jax.envs.executor import CALL_TIMEOUT_S
@@ -54,6 +54,7 @@ class RolloutSettings:
     # rows sampled at once, each chunk with its own KV cache (sampler memory bounded by it, not
     # by P x G); the same trajectories whatever it is. 0 = all rows at once
     max_rows: int = 0
+    sampler_weights: str = "tensor"  # mesh.sampler_weights (`models.SAMPLER_WEIGHTS`)
 
 
 @dataclasses.dataclass
@@ -151,6 +152,7 @@ def collect(
         else tokenizer.convert_tokens_to_ids(prompts.end_of_turn_token(tokenizer))
     )
     rows = _Rows(start, set(failed_at_start), episodes, errors, owner, entries, g, stops, eot)
+    params = models.sampler_params(cfg, params, settings.sampler_weights)  # once for all chunks
     chunk = settings.max_rows or n
     trajs, prefill, truncated, assistant_steps = [], [], [], 0
     for lo in range(0, n, chunk):  # each chunk of rows with its own cache, released after it

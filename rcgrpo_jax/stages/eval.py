@@ -190,6 +190,7 @@ def _model_rollouts(
         temperature=float(config.eval.sample_temperature if samples else config.eval.temperature),
         max_steps_per_turn=int(config.env.max_steps_per_turn),
         call_timeout_s=float(config.env.call_timeout_s),
+        sampler_weights=str(config.mesh.sampler_weights),
     )
     entries = setup.fitting_entries(
         env, entries, tokenizer, settings.chat_format, settings.max_len,

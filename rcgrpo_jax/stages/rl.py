@@ -236,6 +236,7 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
         max_len=int(rl.max_len), temperature=float(rl.temperature), top_p=float(rl.top_p),
         max_steps_per_turn=int(config.env.max_steps_per_turn),
         call_timeout_s=float(config.env.call_timeout_s), max_rows=int(rl.max_rows),
+        sampler_weights=str(config.mesh.sampler_weights),
     )  # fmt: skip
     ref_params = s.params if objective.kl_beta > 0 else None
     del s  # the state owns the policy from here on

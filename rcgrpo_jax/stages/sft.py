@@ -36,10 +36,11 @@ def rollout_policy(config, model, tokenizer, mesh):
     low-quality trajectories (labelled by the reward they get, like every other source)."""
     import itertools
 
-    from rcgrpo_jax import sampling
+    from rcgrpo_jax import models, sampling
     from rcgrpo_jax.envs import bfcl
 
     cfg, params = model
+    params = models.sampler_params(cfg, params, str(config.mesh.sampler_weights))
     stops, calls = stop_ids(tokenizer), itertools.count()
 
     def generate(batch: list[list[int]]) -> list[list[int]]:

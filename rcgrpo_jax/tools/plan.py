@@ -342,6 +342,22 @@ def sampler_batch(mesh, shape: Shape) -> int:
     return batch_capacity(shape.sampler_rows, mesh.shape["data"] * mesh.shape["fsdp"])
 
 
+def sampler_weights(cfg, mesh, state, layout: str) -> tuple[Any, int]:
+    """(abstract weights the sampler reads under `mesh.sampler_weights`, per-device bytes
+    that stay allocated beside it). "tensor": the compute-dtype copy over the tensor axis, next
+    to the whole training state; "train": the state's own params, next to its optimizer state."""
+    import jax
+
+    from rcgrpo_jax import models
+
+    if layout == "train":
+        return state.params, device_bytes(state.opt_state)
+    shapes = models.sampler_param_shapes(cfg)
+    shardings = models.sampler_param_shardings(cfg, mesh)
+    params = jax.tree.map(lambda s, sh: _sds(s.shape, s.dtype, sh), shapes, shardings)
+    return params, device_bytes(state)
+
+
 def compile_sampler(cfg, mesh, shape: Shape, program: str, params, resident: int) -> Compiled:
     """Lowers + compiles `sampling.core.decode` or `prefill` over all rollout rows
     (`sampler_batch`) at the rollout's cache length (`Shape.cache`)."""
@@ -453,7 +469,9 @@ def _itemsize(dtype) -> int:
     return np.dtype(dtype).itemsize
 
 
-def hbm_traffic(cfg, mesh, shape: Shape, program: str, state_bytes: int) -> float:
+def hbm_traffic(
+    cfg, mesh, shape: Shape, program: str, state_bytes: int, layout: str = "train"
+) -> float:
     """Per-device HBM bytes one step must move at least (the roofline's memory side).
 
     FSDP gathers each layer's weights onto every device, so a device reads all weights divided
@@ -463,7 +481,9 @@ def hbm_traffic(cfg, mesh, shape: Shape, program: str, state_bytes: int) -> floa
     rollout's cache length). Activations ignored.
     """
     tensor = mesh.shape["tensor"]
-    w = matmul_params(cfg) * _itemsize(cfg.weight_dtype) / tensor
+    # the sampler's "tensor" copy (mesh.sampler_weights) holds the weights in the compute dtype
+    dtype = cfg.compute_dtype if program != "train" and layout == "tensor" else cfg.weight_dtype
+    w = matmul_params(cfg) * _itemsize(dtype) / tensor
     if program == "train":
         passes = 3 if cfg.remat == "full" else 2
         return w * passes * shape.grad_accum + 2 * state_bytes
@@ -553,11 +573,12 @@ def plan(
     jitted, state, batch = train_setup(cfg, mesh, shape, objective)
     compiled = [compile_train(jitted, mesh, state, batch)] if "train" in programs else []
     state_bytes = device_bytes(state)
-    opt_bytes = device_bytes(state.opt_state)
+    layout = str(config.mesh.sampler_weights)
+    sampler_params, resident = sampler_weights(sampler_cfg, mesh, state, layout)
     for prog in ("decode", "prefill"):
         if prog in programs:
             compiled.append(
-                compile_sampler(sampler_cfg, mesh, shape, prog, state.params, opt_bytes)
+                compile_sampler(sampler_cfg, mesh, shape, prog, sampler_params, resident)
             )
 
     rows = []
@@ -578,6 +599,7 @@ def plan(
         "T": shape.seq,
         "grad_accum": shape.grad_accum,
         "sampler_rows": sampler_batch(mesh, shape),
+        "sampler_weights": layout,
         "cache": shape.cache,
         "hbm_gib": topo.chip.hbm_bytes / GiB,
         "state_gib": state_bytes / GiB,
@@ -590,7 +612,7 @@ def plan(
         else:
             f = sampler_flops(cfg, mesh, shape, c.program)
             flops = (f, f)
-        traffic = hbm_traffic(cfg, mesh, shape, c.program, state_bytes)
+        traffic = hbm_traffic(cfg, mesh, shape, c.program, state_bytes, layout)
         proj = project(flops, traffic, topo, assume)
         rows.append(
             dict(
