@@ -124,7 +124,12 @@ def int_pair(lo: int) -> Rule:
 
 
 def mesh_shape(v: Any) -> str | None:
-    want = "3 integers (data, fsdp, tensor), each >= 1, at most one -1 (fills the rest)"
+    want = (
+        "3 integers (data, fsdp, tensor), each >= 1, at most one -1 (fills the rest), or auto "
+        "(a mesh that fits the devices, chosen by tools.plan)"
+    )
+    if v == "auto" or (isinstance(v, tuple | list) and tuple(v) == ("auto",)):
+        return None
     if not isinstance(v, tuple | list) or len(v) != 3 or not all(_is_int(x) for x in v):
         return want
     return None if all(x >= 1 or x == -1 for x in v) and list(v).count(-1) <= 1 else want

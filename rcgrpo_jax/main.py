@@ -80,11 +80,17 @@ def main(argv: list[str]) -> int:
             raise UserError(f"config.model.hf_path={config.model.hf_path!r} is not a directory")
         run = _runner(config.stage)
         from rcgrpo_jax import compilation
-        from rcgrpo_jax.distributed import maybe_initialize
+        from rcgrpo_jax.distributed import is_main_process, maybe_initialize
 
         compilation.configure_from(config)
 
         maybe_initialize()  # multi-host TPU slices; a no-op for a single process
+        from rcgrpo_jax.tools import plan
+
+        if plan.is_auto(config.mesh.shape):
+            line = plan.resolve_auto(config)
+            if is_main_process():
+                print(line, flush=True)
         run(config)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

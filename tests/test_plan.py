@@ -7,11 +7,15 @@ analytic FLOPs and topology conventions are what the README documents.
 
 from __future__ import annotations
 
+import dataclasses
+import types
+
 import jax
 import pytest
 
-from rcgrpo_jax import distributed
+from rcgrpo_jax import config_check, distributed, models
 from rcgrpo_jax.config import base_config
+from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.models import attention
 from rcgrpo_jax.tools import plan as planner
 from rcgrpo_jax.tools.chips import parse_topology
@@ -184,6 +188,126 @@ def test_paper_model_presets():
     c.model.hf_path = "/nonexistent/Llama-3.1-8B-Instruct"
     llama = planner.model_config(c)
     assert 8.0e9 < llama.num_params() < 8.1e9 and llama.rope_scaling is not None
+
+
+def test_a_bf16_sampler_is_planned_without_the_cpus_f32_weight_copies():
+    """XLA:CPU has no bf16 dot: compiled as is, the bf16 decode program's temporaries hold f32
+    copies of the weights (more than their f32 bytes); the planner takes the temporaries from
+    the program's f32 compile instead, which holds no weight copy."""
+    c = _tiny()
+    c.model.dtype = "bfloat16"
+    c.model.arch.update(hidden_size=256, intermediate_size=512, num_layers=4, vocab_size=2048)
+    shape = planner.Shape(prompts=1, group=8, seq=64, prefill_chunk=32, decode_steps=4)
+    (row,) = planner.plan(c, "v5e-8", shape, programs=("decode",), devices=jax.devices()[:8])
+    cfg = planner.model_config(c)
+    f32_weights = planner.matmul_params(cfg) * 4 / 2**30  # the mesh is (1, 8, 1): per device
+    assert row["temp_estimated"] and row["temp_gib"] < f32_weights / 8
+    mesh = models.make_mesh((1, 8, 1), jax.devices()[:8])
+    params = planner.sampler_weights(cfg, mesh, _abstract_state(cfg, mesh, shape), "tensor")[0]
+    raw = planner.compile_sampler(cfg, mesh, shape, "decode", params, 0)
+    assert planner.memory(raw)["temp"] / 2**30 > f32_weights  # every layer's f32 copy
+
+
+def _abstract_state(cfg, mesh, shape):
+    from rcgrpo_jax.rl.losses import Objective
+
+    return planner.train_setup(cfg, mesh, shape, Objective())[1]
+
+
+def _rows(train=2.0, decode=0.01, prefill=0.1, sampler_rows=32):
+    r = lambda prog, t, bound: {"program": prog, "time_s": t, "bound": bound,
+                                "sampler_rows": sampler_rows}  # fmt: skip
+    return [r("train", train, "compute"), r("decode", decode, "memory"),
+            r("prefill", prefill, "compute")]  # fmt: skip
+
+
+def test_the_projected_iteration_counts_rounds_chunks_and_updates():
+    shape = planner.Shape(prompts=8, group=8, seq=16384, prefill_chunk=128)
+    work = planner.Workload(rows=64, rounds=10, prompt_tokens=4096, new_tokens=256, updates=2,
+                            iterations=100)  # fmt: skip
+    it = planner.iteration(_rows(), shape, work)
+    # 64 rows in chunks of 32; 4096 / 128 = 32 prompt calls + 9 later rounds; 10 x 256 steps
+    assert (it["row_chunks"], it["prefill_calls"], it["decode_tokens"]) == (2, 41, 2560)
+    assert it["prefill_s"] == pytest.approx(2 * 41 * 0.1)
+    assert it["decode_s"] == pytest.approx(2 * 2560 * 0.01)
+    assert it["update_s"] == pytest.approx(4.0)
+    assert it["iteration_s"] == pytest.approx(8.2 + 51.2 + 4.0)
+    assert it["run_h"] == pytest.approx(63.4 * 100 / 3600)
+    assert it["bound"].startswith("decode (memory-bound)")
+    # the decode budget stops at T: a trajectory holds at most T - prompt sampled tokens
+    long = planner.iteration(_rows(), dataclasses.replace(shape, seq=6144), work)
+    assert long["decode_tokens"] == 6144 - 4096
+    with pytest.raises(ValueError, match="prefill"):
+        planner.iteration(_rows()[:2], shape, work)
+    assert "RL iteration (projected): 63 s" in planner.format_iteration(it)
+
+
+def test_assistant_steps_of_golden_trajectories():
+    bfcl = types.SimpleNamespace(ground_truth=[["a()"], [], ["b()", "c()"]], ground_truth_steps=())
+    assert planner.assistant_steps(bfcl) == 2 + 1 + 2  # a turn without calls: the reply only
+    steps = types.SimpleNamespace(ground_truth=[["a()", "b()"]],
+                                  ground_truth_steps=((("a()",), ("b()",)),))  # fmt: skip
+    assert planner.assistant_steps(steps) == 3
+    work = planner.workload_from_config(base_config(), prompt_tokens=512)
+    c = base_config().rl
+    assert (work.rows, work.new_tokens, work.iterations) == (
+        c.num_prompts * c.group_size,
+        c.max_new_tokens,
+        c.steps,
+    )
+    assert work.rounds >= 2 and work.prompt_tokens == 512
+
+
+def _fake_plan(fits):
+    """A plan_fn whose rows fit where fits(mesh, grad_accum, max_rows, program) says."""
+    calls = []
+
+    def plan_fn(config, topo, shape, programs, **kw):
+        mesh = tuple(config.mesh.shape)
+        calls.append((mesh, shape.grad_accum, shape.max_rows, programs))
+        return [{"program": p, "fits": fits(mesh, shape.grad_accum, shape.max_rows, p),
+                 "total_gib": 1.0, "hbm_gib": 16.0} for p in programs]  # fmt: skip
+
+    return plan_fn, calls
+
+
+def test_auto_mesh_takes_the_first_configuration_that_fits():
+    c = _tiny()
+    c.model.arch.update(num_heads=8, num_kv_heads=4, head_dim=8)
+    shape = planner.Shape(prompts=8, group=8, grad_accum=2)
+    assert planner.mesh_candidates(16, 4) == [(1, 16, 1), (1, 8, 2), (1, 4, 4)]
+    assert planner.mesh_candidates(8, 8) == [(1, 8, 1), (1, 4, 2), (1, 2, 4), (1, 1, 8)]
+
+    # the train step fits from tensor 2 with grad_accum 4; the sampler with 16 rows at a time
+    def fits(mesh, ga, max_rows, program):
+        if program == "train":
+            return mesh[2] >= 2 and ga >= 4
+        return 0 < max_rows <= 16
+
+    plan_fn, calls = _fake_plan(fits)
+    choice = planner.choose(c, "v5e-16", shape, plan_fn=plan_fn)
+    assert (choice.mesh, choice.grad_accum, choice.max_rows) == ((1, 8, 2), 4, 16)
+    trains = [(m, ga) for m, ga, _, p in calls if p == ("train",)]
+    assert trains == [((1, 16, 1), 2), ((1, 16, 1), 4), ((1, 16, 1), 8), ((1, 8, 2), 2),
+                      ((1, 8, 2), 4)]  # fmt: skip
+    assert [r for _, _, r, p in calls if p != ("train",)] == [0, 32, 16]
+    assert choice.tried == len(calls)
+    line = choice.line("v5e-16")
+    assert "1x8x2" in line and "grad_accum=4" in line and "rl.max_rows=16" in line
+    choice.apply(c)
+    assert (tuple(c.mesh.shape), c.rl.optim.grad_accum, c.rl.max_rows) == ((1, 8, 2), 4, 16)
+
+    plan_fn, _ = _fake_plan(lambda *a: False)
+    with pytest.raises(UserError, match="no mesh of 16 v5e devices fits"):
+        planner.choose(c, "v5e-16", shape, plan_fn=plan_fn)
+
+
+def test_auto_mesh_on_devices_without_a_memory_limit():
+    c = _tiny(mesh=("auto",))
+    assert planner.is_auto(c.mesh.shape) and config_check.mesh_shape(("auto",)) is None
+    line = planner.resolve_auto(c)
+    assert tuple(c.mesh.shape) == (1, 8, 1) and "no memory limit" in line
+    assert planner.device_topology(jax.devices()) is None
 
 
 # ------------------------------------------------------------------ multi-host start-up rule

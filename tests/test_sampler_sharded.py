@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -49,3 +50,20 @@ def test_sharded_session_keeps_cache_sharded(pair):
     for buf in sess.state.cache.k + sess.state.cache.v:  # [B, KV, S, D] per layer
         spec = buf.sharding.spec
         assert tuple(spec)[:2] == (("data", "fsdp"), "tensor"), spec
+
+
+def test_the_tensor_layout_copy_samples_the_tokens_of_the_training_weights(pair):
+    """`models.sampler_params(..., "tensor")`: per-layer weights over the tensor axis only (no
+    FSDP gather in the sampler's programs), the same tokens as the training layout's."""
+    (cfg, params), (_, sharded) = pair
+    copy = models.sampler_params(cfg, sharded, "tensor")
+    assert isinstance(copy["layers"], tuple) and len(copy["layers"]) == cfg.num_layers
+    for w in jax.tree.leaves(copy):
+        assert not {"data", "fsdp"} & set(jax.tree.leaves(tuple(w.sharding.spec))), w.sharding
+    prompts = _prompts(cfg.vocab_size)
+    kw = dict(temperature=0.8, top_k=20, seed=3, buckets=BUCKETS)
+    want = sampling.generate(cfg, sharded, prompts, 32, **kw)
+    got = sampling.generate(cfg, copy, prompts, 32, **kw)
+    assert got.tokens == want.tokens
+    for a, b in zip(got.logprobs, want.logprobs, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)

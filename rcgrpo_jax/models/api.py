@@ -78,31 +78,50 @@ def _keeps_dtype(axes: tuple[str, ...]) -> bool:
     return axes[-1] == "norm"
 
 
+def _per_layer(cfg: ModelConfig, tree: Params, leaf) -> Params:
+    """`tree` with its stacked `layers` [L, ...] as a tuple of L per-layer trees (`leaf` maps a
+    stacked leaf to its per-layer one, the layer index as its second argument)."""
+    layers = tuple(
+        jax.tree.map(lambda x, i=i: leaf(x, i), tree["layers"], is_leaf=weights.is_axes)
+        for i in range(cfg.num_layers)
+    )
+    return {**tree, "layers": layers}
+
+
+def _sampler_axes(cfg: ModelConfig) -> Params:
+    return _per_layer(cfg, param_logical_axes(cfg), lambda ax, _: ax[1:])
+
+
 def sampler_param_shapes(cfg: ModelConfig) -> Params:
-    """Abstract weights of the "tensor" sampler layout: the compute dtype, norms as stored."""
+    """Abstract weights of the "tensor" sampler layout: the compute dtype (norms as stored),
+    `layers` a tuple of per-layer trees (the sampler's cached forward reads them so; stored
+    that way, its programs slice nothing)."""
+    per_layer = lambda s, _: jax.ShapeDtypeStruct(s.shape[1:], s.dtype)
+    shapes = _per_layer(cfg, param_shapes(cfg), per_layer)
     cast = lambda s: jax.ShapeDtypeStruct(s.shape, cfg.compute_dtype)
     return jax.tree.map(
         lambda axes, s: s if _keeps_dtype(axes) else cast(s),
-        param_logical_axes(cfg),
-        param_shapes(cfg),
+        _sampler_axes(cfg),
+        shapes,
         is_leaf=weights.is_axes,
     )
 
 
 def sampler_param_shardings(cfg: ModelConfig, mesh: Mesh) -> Params:
     return sharding.tree_shardings(
-        mesh, param_logical_axes(cfg), param_shapes(cfg), replicate=_SAMPLER_REPLICATE
+        mesh, _sampler_axes(cfg), sampler_param_shapes(cfg), replicate=_SAMPLER_REPLICATE
     )
 
 
 @functools.cache
 def _sampler_copy(cfg: ModelConfig, mesh: Mesh | None):
-    axes = param_logical_axes(cfg)
+    axes = _sampler_axes(cfg)
 
     def cast(params):
+        unstacked = _per_layer(cfg, params, lambda w, i: w[i])
         return jax.tree.map(
             lambda a, w: w if _keeps_dtype(a) else w.astype(cfg.compute_dtype),
-            axes, params, is_leaf=weights.is_axes,
+            axes, unstacked, is_leaf=weights.is_axes,
         )  # fmt: skip
 
     out = None if mesh is None else sampler_param_shardings(cfg, mesh)
@@ -112,7 +131,8 @@ def _sampler_copy(cfg: ModelConfig, mesh: Mesh | None):
 def sampler_params(cfg: ModelConfig, params: Params, layout: str = "tensor") -> Params:
     """The weights a sampling session reads under `layout` (one of SAMPLER_WEIGHTS): `params`
     themselves for "train"; for "tensor", a copy in the compute dtype laid out over the tensor
-    axis only. Sampling from either gives the same values up to the matmuls' partitioning."""
+    axis only, one tree per layer. Sampling from either gives the same values up to the
+    matmuls' partitioning."""
     if layout not in SAMPLER_WEIGHTS:
         raise ValueError(f"sampler weights {layout!r}; expected one of {SAMPLER_WEIGHTS}")
     if layout == "train":

@@ -206,9 +206,12 @@ _REMAT = {
 
 
 def unstack_layers(cfg: ModelConfig, params: Params) -> Params:
-    """The params with `layers` as a tuple of per-layer trees, each sharded like its slice.
-    Call inside a jit, once per call: the sampler does, outside its decode loop, where slicing
-    stacked weights would copy every weight on every step."""
+    """The params with `layers` as a tuple of per-layer trees, each sharded like its slice
+    (params already so, the "tensor" sampler copy, are returned as they are). Call inside a
+    jit, once per call: the sampler does, outside its decode loop, where slicing stacked
+    weights would copy every weight on every step."""
+    if isinstance(params["layers"], tuple):
+        return params
     axes = weights.logical_axes(cfg)["layers"]
     layers = tuple(
         jax.tree.map(

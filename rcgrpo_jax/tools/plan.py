@@ -153,9 +153,10 @@ class Assumptions:
 # --------------------------------------------------------------------------- model and mesh
 
 
-def model_config(config, extra_vocab: int = 0):
+def model_config(config, extra_vocab: int = 0, layers: int = 0):
     """ModelConfig for a run config: the checkpoint's config.json if present, else a preset named
-    by the checkpoint directory, else `model.arch` (the random-init architecture)."""
+    by the checkpoint directory, else `model.arch` (the random-init architecture); `layers` > 0
+    cuts its depth (a quick check of everything but the per-layer memory)."""
     from rcgrpo_jax import models
 
     m = config.model
@@ -178,6 +179,8 @@ def model_config(config, extra_vocab: int = 0):
         )
     else:
         cfg = models.ModelConfig.from_dict(dict(m.arch.to_dict(), **common))
+    if layers:
+        cfg = cfg.replace(num_layers=int(layers))
     return cfg.replace(vocab_size=cfg.vocab_size + extra_vocab) if extra_vocab else cfg
 
 
@@ -300,6 +303,8 @@ class Compiled:
     compiled: Any
     compile_s: float
     resident_bytes: int = 0  # per-device bytes that stay allocated beside this program
+    # temporaries taken from another compile of the same program (`f32_temp`), or None
+    temp_bytes: int | None = None
 
 
 def train_setup(cfg, mesh, shape: Shape, objective):
@@ -395,6 +400,28 @@ def compile_sampler(cfg, mesh, shape: Shape, program: str, params, resident: int
             lowered = core.prefill.lower(cfg, params, state, chunk, batch_vec(jnp.int32))
         compiled = lowered.compile()
     return Compiled(program, compiled, time.perf_counter() - t0, resident)
+
+
+def upcasts_on_cpu(cfg) -> bool:
+    """Whether XLA:CPU would hold f32 copies of this sampler's weights: it has no bf16 (or f16)
+    dot, so it converts every such weight to f32, and the converts of loop-invariant weights are
+    hoisted out of the decode loop, all layers' at once (measured: temporaries of ~4x the bf16
+    weight bytes). A TPU multiplies bf16 natively and makes no such copy."""
+    import jax.numpy as jnp
+
+    return jnp.dtype(cfg.compute_dtype).itemsize < 4
+
+
+def f32_temp(cfg, mesh, shape: Shape, program: str, params) -> Compiled:
+    """The same sampler program compiled with f32 weights, cache and compute (same shapes and
+    shardings), for its temporaries: no converts to hoist, and every activation at least as
+    wide as in bf16, so an upper bound of the bf16 program's own on a backend with bf16 dots."""
+    import jax
+    import jax.numpy as jnp
+
+    f32 = lambda x: _sds(x.shape, jnp.float32, x.sharding)
+    wide = cfg.replace(dtype="float32", param_dtype="float32")
+    return compile_sampler(wide, mesh, shape, program, jax.tree.map(f32, params), 0)
 
 
 # --------------------------------------------------------------------------- analytics
@@ -499,14 +526,15 @@ def hbm_traffic(
     return w + kv_bytes / mesh.size
 
 
-def memory(compiled) -> dict[str, int]:
-    """XLA's per-device memory: peak = arguments + outputs − donated aliases + temporaries."""
-    ma = compiled.memory_analysis()
+def memory(c: Compiled) -> dict[str, int]:
+    """XLA's per-device memory: peak = arguments + outputs − donated aliases + temporaries
+    (those of `c.temp_bytes` where set)."""
+    ma = c.compiled.memory_analysis()
     out = {
         "argument": int(ma.argument_size_in_bytes),
         "output": int(ma.output_size_in_bytes),
         "alias": int(ma.alias_size_in_bytes),
-        "temp": int(ma.temp_size_in_bytes),
+        "temp": int(ma.temp_size_in_bytes if c.temp_bytes is None else c.temp_bytes),
     }
     out["peak"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
     return out
@@ -529,6 +557,96 @@ def project(
     }
 
 
+# --------------------------------------------------------------------------- an RL iteration
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What one RL iteration does, as `iteration` counts it (`workload_from_config`)."""
+
+    rows: int  # trajectories rolled out: rl.num_prompts x G
+    rounds: int  # prefill + decode rounds per trajectory: its assistant steps
+    prompt_tokens: int  # the first prefill of each trajectory
+    new_tokens: int  # decode steps per round: rl.max_new_tokens (a round ends with its last row)
+    updates: int  # fused train steps: rl.epochs x rl.minibatches
+    iterations: int  # rl.steps
+
+
+def assistant_steps(entry) -> int:
+    """Assistant steps of an entry's golden trajectory: per turn, one per ground-truth step
+    (BFCL: a turn's calls in one step; none for a turn without calls) and the closing reply."""
+    if entry.ground_truth_steps:
+        return sum(len(steps) + 1 for steps in entry.ground_truth_steps)
+    return sum((1 if calls else 0) + 1 for calls in entry.ground_truth)
+
+
+def workload_from_config(config, prompt_tokens: int = 4096, quantile: float = 0.9) -> Workload:
+    """The config's RL iteration over its own training tasks: rounds = the `quantile` of the
+    golden trajectories' assistant steps (rows of a chunk advance together, so a chunk takes
+    about as many rounds as its longest rows); BFCL prompts are 3-5k tokens."""
+    import numpy as np
+
+    from rcgrpo_jax.stages import setup
+
+    rl = config.rl
+    entries = setup.task_entries(config, rl.prompt_split)
+    steps = [assistant_steps(e) for e in entries]
+    return Workload(
+        rows=int(rl.num_prompts) * int(rl.group_size),
+        rounds=int(np.ceil(np.quantile(steps, quantile))),
+        prompt_tokens=int(prompt_tokens),
+        new_tokens=int(rl.max_new_tokens),
+        updates=int(rl.epochs) * max(1, int(rl.minibatches)),
+        iterations=int(rl.steps),
+    )
+
+
+def iteration(rows: Sequence[dict[str, Any]], shape: Shape, work: Workload) -> dict[str, Any]:
+    """Projected seconds of one RL iteration from the rows' step times: the rollout, in
+    chunks of `sampler_rows` rows run one after another, each prefilling its prompts in
+    `prefill_chunk`-token calls plus one call per later round (tool results and the next user
+    message), and decoding `rounds x new_tokens` token steps (at most T - prompt); then
+    `updates` train steps. Upper-bound-ish: every round decodes its full token budget."""
+    by = {r["program"]: r for r in rows}
+    missing = sorted(set(PROGRAMS) - set(by))
+    if missing:
+        raise ValueError(f"an iteration needs the {', '.join(missing)} program(s) planned too")
+    chunk = min(shape.prefill_chunk, shape.seq)
+    prompt = min(work.prompt_tokens, shape.seq - 1)
+    decode_tokens = min(work.rounds * work.new_tokens, shape.seq - prompt)
+    prefill_calls = -(-prompt // chunk) + work.rounds - 1
+    chunks = -(-work.rows // by["decode"]["sampler_rows"])
+    parts = {
+        "prefill": chunks * prefill_calls * by["prefill"]["time_s"],
+        "decode": chunks * decode_tokens * by["decode"]["time_s"],
+        "update": work.updates * by["train"]["time_s"],
+    }
+    total = sum(parts.values())
+    top = max(parts, key=parts.get)
+    program = "train" if top == "update" else top
+    return {
+        **{f"{k}_s": v for k, v in parts.items()},
+        "iteration_s": total,
+        "run_h": total * work.iterations / 3600,
+        "iterations": work.iterations,
+        "row_chunks": chunks,
+        "rounds": work.rounds,
+        "decode_tokens": decode_tokens,
+        "prefill_calls": prefill_calls,
+        "bound": f"{top} ({by[program]['bound']}-bound), {parts[top] / total:.0%} of it",
+    }
+
+
+def format_iteration(it: dict[str, Any]) -> str:
+    """One line: the projected RL iteration and what bounds it."""
+    return (
+        f"RL iteration (projected): {it['iteration_s']:.0f} s = prefill {it['prefill_s']:.0f} + "
+        f"decode {it['decode_s']:.0f} + update {it['update_s']:.0f} "
+        f"({it['row_chunks']} row chunk(s) x {it['rounds']} rounds, {it['decode_tokens']} decode "
+        f"steps); bound by {it['bound']}; {it['iterations']} iterations ~ {it['run_h']:.1f} h"
+    )
+
+
 # --------------------------------------------------------------------------- the plan
 
 
@@ -542,6 +660,7 @@ def plan(
     assume: Assumptions = Assumptions(),
     kl_beta: float | None = None,
     extra_vocab: int = 0,
+    layers: int = 0,
 ) -> list[dict[str, Any]]:
     """One row per program: memory, fit, FLOPs, projection. `devices`: defaults to the first
     `chips` of `jax.devices()` (the CLI provides exactly that many virtual CPU devices). The
@@ -558,9 +677,11 @@ def plan(
     devices = list(jax.devices() if devices is None else devices)
     if len(devices) < topo.chips:
         raise ValueError(f"{topo.name} needs {topo.chips} devices, {len(devices)} available")
+    if is_auto(config.mesh.shape):
+        raise ValueError("plan() takes a mesh; mesh.shape=auto is resolved by choose()")
     mesh_shape = resolve_mesh_shape(config.mesh.shape, topo.chips)
     mesh = models.make_mesh(mesh_shape, devices[: topo.chips])
-    cfg = model_config(config, extra_vocab)
+    cfg = model_config(config, extra_vocab, layers)
     kinds = planned_attention(cfg, shape.seq, shape.cache)
     cfg = cfg.replace(attention=kinds.compiled)
     sampler_cfg = cfg.replace(attention=kinds.sampler)
@@ -577,9 +698,13 @@ def plan(
     sampler_params, resident = sampler_weights(sampler_cfg, mesh, state, layout)
     for prog in ("decode", "prefill"):
         if prog in programs:
-            compiled.append(
-                compile_sampler(sampler_cfg, mesh, shape, prog, sampler_params, resident)
-            )
+            c = compile_sampler(sampler_cfg, mesh, shape, prog, sampler_params, resident)
+            if upcasts_on_cpu(sampler_cfg):
+                wide = f32_temp(sampler_cfg, mesh, shape, prog, sampler_params)
+                c = dataclasses.replace(
+                    c, temp_bytes=memory(wide)["temp"], compile_s=c.compile_s + wide.compile_s
+                )
+            compiled.append(c)
 
     rows = []
     base = {
@@ -605,7 +730,7 @@ def plan(
         "state_gib": state_bytes / GiB,
     }
     for c in compiled:
-        mem = memory(c.compiled)
+        mem = memory(c)
         total = mem["peak"] + c.resident_bytes
         if c.program == "train":
             flops = train_flops(cfg, shape, kinds.train)
@@ -627,6 +752,7 @@ def plan(
                 hw_tflop=flops[1] / 1e12,
                 hbm_traffic_gib=traffic / GiB,
                 compile_s=c.compile_s,
+                temp_estimated=c.temp_bytes is not None,
                 **proj,
             )
         )
@@ -689,13 +815,154 @@ def describe(rows: Sequence[dict[str, Any]], assume: Assumptions) -> str:
             + f"; the sampler's prefill/decode attend with {r['sampler_attention']} over "
             f"{r['sampler_rows']} rows x {r['cache']} cache slots",
             "memory: per device, from XLA:CPU buffer assignment (peak = args + outputs - donated "
-            "+ temp); rollout programs add 'resident' = the optimizer moments that stay on device",
+            "+ temp); rollout programs add 'resident' = the training state that stays on device"
+            + (
+                "; their temp is that of the same program compiled in f32 (XLA:CPU has no bf16 "
+                "dot and would count f32 copies of the bf16 weights, which a TPU does not make)"
+                if any(r.get("temp_estimated") for r in rows)
+                else ""
+            ),
             f"fits: total <= {assume.headroom:.0%} of HBM. time: max(hw FLOPs / (chips x peak x "
             f"{assume.efficiency:.0%}), HBM bytes / bandwidth); ICI collectives not modelled",
             "train FLOPs: 6*N*tokens + 12*L*H*D*T*tokens (+ remat recompute in hw); decode: "
             "per token step of the rows held at once; prefill: one chunk of those rows",
         ]
     )
+
+
+# --------------------------------------------------------------------------- mesh.shape=auto
+
+
+def is_auto(shape: Any) -> bool:
+    """`mesh.shape=auto` (a command-line override arrives as the tuple ("auto",))."""
+    return shape == "auto" or (isinstance(shape, tuple | list) and tuple(shape) == ("auto",))
+
+
+def mesh_candidates(n: int, num_kv_heads: int) -> list[tuple[int, int, int]]:
+    """(1, n / t, t) for t = 1, 2, 4, 8 dividing both n and the KV heads: FSDP first (the train
+    state spread over every chip), then more tensor parallelism (the sampler's weights and
+    KV heads split t ways)."""
+    return [(1, n // t, t) for t in (1, 2, 4, 8) if n % t == 0 and num_kv_heads % t == 0]
+
+
+def _grad_accums(prompts: int, start: int) -> list[int]:
+    """start, 2 start, 4 start, ... while each divides the update's prompts (whole groups)."""
+    out, ga = [], max(1, start)
+    while ga <= prompts and prompts % ga == 0:
+        out.append(ga)
+        ga *= 2
+    return out
+
+
+def _row_chunks(rows: int, shards: int) -> list[int]:
+    """rows, rows / 2, ... while a whole number of rows per data x fsdp shard (at least one)."""
+    out = []
+    while rows >= shards and rows % shards == 0:
+        out.append(rows)
+        if rows % 2:
+            break
+        rows //= 2
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    mesh: tuple[int, int, int]
+    grad_accum: int
+    max_rows: int  # rl.max_rows: 0 = every row at once
+    rows: list[dict[str, Any]]  # the plan rows that fit
+    tried: int  # configurations compiled
+
+    def apply(self, config) -> None:
+        """Sets the choice in the config."""
+        config.mesh.shape = self.mesh
+        config.rl.optim.grad_accum = self.grad_accum
+        config.rl.max_rows = self.max_rows
+
+    def line(self, where: str) -> str:
+        gib = ", ".join(f"{r['program']} {r['total_gib']:.1f}" for r in self.rows)
+        rows = f"rl.max_rows={self.max_rows}" if self.max_rows else "all rows at once"
+        return (
+            f"mesh.shape=auto on {where}: {'x'.join(map(str, self.mesh))}, "
+            f"rl.optim.grad_accum={self.grad_accum}, {rows} (GiB per device: {gib} of "
+            f"{self.rows[0]['hbm_gib']:.0f}; {self.tried} plans compiled)"
+        )
+
+
+def choose(config, topology: str | Topology, shape: Shape, plan_fn=None, **plan_kw) -> Choice:
+    """The first (mesh, grad_accum, max_rows) under which every program fits: meshes in
+    `mesh_candidates` order; per mesh, the config's grad_accum, then doubled (up to one group
+    per microbatch), until the train step fits; then all sampler rows at once, then halved
+    (down to one row per data x fsdp shard), until decode and prefill fit. `plan_fn` (default
+    `plan`) is called as `plan(config, topology, shape, programs=..., **plan_kw)`."""
+    from rcgrpo_jax.errors import UserError
+
+    plan_fn = plan if plan_fn is None else plan_fn
+    topo = parse_topology(topology) if isinstance(topology, str) else topology
+    cfg = model_config(config, int(plan_kw.get("extra_vocab", 0)), int(plan_kw.get("layers", 0)))
+    tried = 0
+    for mesh in mesh_candidates(topo.chips, cfg.num_kv_heads):
+        c = config.copy_and_resolve_references()
+        c.mesh.shape = mesh
+        train = None
+        for ga in _grad_accums(shape.prompts, shape.grad_accum):
+            tried += 1
+            (row,) = plan_fn(c, topo, dataclasses.replace(shape, grad_accum=ga),
+                             programs=("train",), **plan_kw)  # fmt: skip
+            if row["fits"]:
+                train = (ga, row)
+                break
+        if train is None:
+            continue
+        all_rows = shape.prompts * shape.minibatches * shape.group
+        for rows in _row_chunks(all_rows, mesh[0] * mesh[1]):
+            tried += 1
+            max_rows = 0 if rows == all_rows else rows
+            chunked = dataclasses.replace(shape, grad_accum=train[0], max_rows=max_rows)
+            sampler = plan_fn(c, topo, chunked, programs=("decode", "prefill"), **plan_kw)
+            if all(r["fits"] for r in sampler):
+                return Choice(mesh, train[0], max_rows, [train[1], *sampler], tried)
+    raise UserError(
+        f"mesh.shape=auto: no mesh of {topo.chips} {topo.chip.name} devices fits every program "
+        f"(tried {tried} plans); plan one by hand: python -m rcgrpo_jax.tools.plan"
+    )
+
+
+def device_topology(devices) -> Topology | None:
+    """The devices as a planner topology: their chip's figures where the device kind names a
+    known TPU, with the memory limit the runtime reports; None where none is reported (CPU)."""
+    from rcgrpo_jax.tools.chips import CHIPS, Chip
+
+    d = devices[0]
+    stats = d.memory_stats() if hasattr(d, "memory_stats") else None
+    limit = (stats or {}).get("bytes_limit")
+    if not limit:
+        return None
+    kind = str(getattr(d, "device_kind", d.platform)).lower()
+    known = next((c for k, c in CHIPS.items() if k in kind.replace(" lite", "e").replace(" ", "")),
+                 None)  # fmt: skip
+    chip = Chip(kind, int(limit), *(
+        (known.peak_flops, known.hbm_bandwidth) if known else (1e15, 1e12)), 1, 4)  # fmt: skip
+    return Topology(name=f"{len(devices)} x {kind}", chip=chip, chips=len(devices))
+
+
+def resolve_auto(config) -> str:
+    """Sets `mesh.shape=auto`'s choice in `config` (mesh, rl.optim.grad_accum, rl.max_rows)
+    for the devices present, by planning on them (`choose`); returns the line that says it.
+    Devices that report no memory limit (CPU) get FSDP over all of them, nothing else changed."""
+    import jax
+
+    devices = jax.devices()
+    topo = device_topology(devices)
+    if topo is None:
+        config.mesh.shape = (1, len(devices), 1)
+        return (
+            f"mesh.shape=auto on {len(devices)} {devices[0].platform} devices (no memory limit "
+            f"reported): 1x{len(devices)}x1"
+        )
+    choice = choose(config, topo, shape_from_config(config), devices=devices)
+    choice.apply(config)
+    return choice.line(topo.name)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -754,6 +1021,8 @@ def _define_flags():
     flags.DEFINE_float("efficiency", 0.6, "Assumed fraction of peak FLOP/s reached.")
     flags.DEFINE_float("kl_beta", None, "KL weight, >0 adds ref_logprobs (rl.kl_beta).")
     flags.DEFINE_integer("extra_vocab", 0, "Rows added to the vocabulary (reward tokens).")
+    flags.DEFINE_integer("layers", 0, "Cut the model to this many layers (0 = all).")
+    flags.DEFINE_integer("prompt_tokens", 4096, "Prompt tokens per trajectory (projection).")
     flags.DEFINE_string("json", "", "Also write the rows as JSON to this file.")
     return config
 
@@ -777,19 +1046,24 @@ def main(argv: Sequence[str]) -> int:
         prefill_chunk=f.prefill_chunk,
     )
     assume = Assumptions(efficiency=f.efficiency)
-    rows = plan(
-        config,
-        f.topology,
-        shape,
-        programs=f.programs,
-        assume=assume,
-        kl_beta=f.kl_beta,
-        extra_vocab=f.extra_vocab,
-    )
+    kw = dict(assume=assume, kl_beta=f.kl_beta, extra_vocab=f.extra_vocab, layers=f.layers)
+    out: dict[str, Any] = {}
+    if is_auto(config.mesh.shape):
+        choice = choose(config, f.topology, shape, **kw)
+        print(choice.line(f.topology))
+        rows = choice.rows
+        shape = dataclasses.replace(shape, grad_accum=choice.grad_accum, max_rows=choice.max_rows)
+        out["choice"] = {k: getattr(choice, k) for k in ("mesh", "grad_accum", "max_rows", "tried")}
+    else:
+        rows = plan(config, f.topology, shape, programs=f.programs, **kw)
     print(format_table(rows))
     print(describe(rows, assume))
+    out["rows"] = rows
+    if set(PROGRAMS) <= {r["program"] for r in rows}:
+        out["iteration"] = iteration(rows, shape, workload_from_config(config, f.prompt_tokens))
+        print(format_iteration(out["iteration"]))
     if f.json:
-        Path(f.json).write_text(json.dumps(rows, indent=1, default=str) + "\n")
+        Path(f.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
     return 0 if all(r["fits"] for r in rows) else 1
 
 
