@@ -14,10 +14,9 @@ def get_config():
     c.model.dtype = "bfloat16"
     c.model.param_dtype = "float32"
     c.model.remat = "full"
-    # FSDP x 2-way tensor: the sampler's decode at 64 x 16384 holds every layer's gathered weights,
-    # halved by the tensor axis (v5p-16: 74 GiB/chip instead of 87 of 95). v5e-32 (16 GiB/chip)
-    # does not fit the train step at T = 16384 on either mesh: (1, 16, 2), nor (1, 8, 4) with
-    # grad_accum 8 (planned).
+    # FSDP x 2-way tensor: the train step's activations split over 2 (v5p-16: 72.8 GiB/chip of
+    # 95). On v6e-16 it needs 1x16x1 with rl.max_rows=32 (`--config.mesh.shape=auto` finds it);
+    # v5e-32 fits no mesh yet (`python -m rcgrpo_jax.tools.plan --config=configs/llama8b.py`).
     c.mesh.shape = (1, -1, 2)
     # auto = Pallas splash attention on a TPU (flash on CPU beyond 1k tokens): memory O(T * block)
     c.model.attention = "auto"

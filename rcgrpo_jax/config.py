@@ -34,9 +34,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.controls = ()
 
     # (data, fsdp, tensor); product must equal the number of devices in use, -1 fills one axis.
+    # "auto": planned on the devices present (`tools.plan.choose`): the first mesh, then
+    # rl.optim.grad_accum and rl.max_rows, under which every program fits; printed in one line.
     c.mesh = ml_collections.ConfigDict({"shape": (-1, 1, 1)})
     # What the sampler reads (rollouts and evaluation): "tensor" = a compute-dtype copy of the
-    # weights over the tensor axis only, made once per rollout; "train" = the training layout
+    # weights over the tensor axis only, one tree per layer, made once per rollout (its programs
+    # slice and gather no weight); "train" = the training layout
     # itself, which under FSDP XLA gathers whole, in f32, before the decode loop
     # (`models.config.SAMPLER_WEIGHTS`).
     c.mesh.sampler_weights = "tensor"

@@ -8,10 +8,15 @@ analytic FLOPs and topology conventions are what the README documents.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 import types
 
 import jax
 import pytest
+from conftest import REPO
 
 from rcgrpo_jax import config_check, distributed, models
 from rcgrpo_jax.config import base_config
@@ -341,3 +346,31 @@ def test_multi_host_signals():
         "num_processes": 2,
         "process_id": 1,
     }
+
+
+def test_the_planner_fits_qwen7b_on_v6e_16_at_reduced_depth_a_chunk_of_rows_at_a_time(tmp_path):
+    """The CLI on the mission's config and slice (16 virtual devices, Qwen2.5-7B's widths, 2 of
+    its 28 layers, T = 16384, P x G = 64) with rl.max_rows = 16: every program fits, the
+    sampler's programs hold 16 rows (its KV cache is the output of decode: exactly 16 rows'
+    worth), and the projected iteration runs 4 chunks of rows."""
+    out = tmp_path / "plan.json"
+    args = ["--config=configs/qwen7b.py", "--topology=v6e-16", "--layers=2",
+            "--config.rl.max_rows=16", f"--json={out}"]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop(planner._DEVICES_ENV, None)
+    p = subprocess.run([sys.executable, "-m", "rcgrpo_jax.tools.plan", *args], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    plan = json.loads(out.read_text())
+    rows = {r["program"]: r for r in plan["rows"]}
+    assert set(rows) == set(planner.PROGRAMS) and all(r["fits"] for r in rows.values())
+    assert {r["T"] for r in rows.values()} == {16384} and rows["train"]["P"] * rows["train"][
+        "G"
+    ] == 64
+    decode = rows["decode"]
+    assert decode["sampler_rows"] == 16 == rows["prefill"]["sampler_rows"]
+    kv_heads, head_dim = 4, 128  # Qwen2.5-7B
+    cache = 16 * decode["cache"] * 2 * 2 * kv_heads * head_dim * 2 / 16 / 2**30  # bf16 K, V
+    assert cache <= decode["output_gib"] < 1.05 * cache
+    assert plan["iteration"]["row_chunks"] == 4
+    assert "4 row chunk(s)" in p.stdout
