@@ -17,7 +17,9 @@ from rcgrpo_jax import models
 from rcgrpo_jax.models import attention, decoder, hf_io, sharding
 
 B, T = 3, 24
-MESHES = [(1, 1, 1), (2, 4, 1), (1, 2, 4), (8, 1, 1)]
+# (2, 2, 2): every mesh axis > 1, the rows split over ("data", "fsdp") and the residual's embed
+# dimension over "tensor" (`act_embed`), where XLA once swapped the middle rows' shards.
+MESHES = [(1, 1, 1), (2, 4, 1), (1, 2, 4), (8, 1, 1), (2, 2, 2)]
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +30,18 @@ def batch():
     mask[1, :5] = 0  # left padding of different lengths per row
     mask[2, :13] = 0
     return tokens, mask
+
+
+@pytest.fixture(scope="module")
+def batch8():
+    """8 rows of 16 tokens, left-padded by different lengths: every mesh's batch axes divide 8
+    rows (3 would be replicated), and at 16 tokens the activations are small beside the
+    weights, where the partitioner's choices (and XLA's mistakes) are those of decoding and of
+    7B models."""
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, TINY_VOCAB, (8, 16))
+    mask = np.arange(16)[None] >= np.array([0, 5, 13, 0, 3, 7, 1, 10])[:, None]
+    return tokens, mask.astype(np.int64)
 
 
 def torch_logits(model, tokens, mask) -> np.ndarray:
@@ -264,10 +278,10 @@ def test_legacy_rope_scaling_spelling(hf_models, tmp_path):
 
 
 @pytest.mark.parametrize("mesh_shape", MESHES)
-def test_sharded_forward_equal_across_meshes(hf_models, batch, mesh_shape):
+def test_sharded_forward_equal_across_meshes(hf_models, batch8, mesh_shape):
     _, path = hf_models["qwen2"]
     cfg, params = models.load_hf(path)
-    tokens, mask = batch
+    tokens, mask = batch8
     reference = models.forward(cfg, params, tokens, mask)
     mesh = models.make_mesh(mesh_shape)
     _, sharded = models.load_hf(path, mesh=mesh)  # streamed straight onto the mesh
@@ -279,6 +293,35 @@ def test_sharded_forward_equal_across_meshes(hf_models, batch, mesh_shape):
     with models.use_mesh(mesh):
         out = models.forward(cfg, sharded, tok, mask)
     np.testing.assert_allclose(np.asarray(out), np.asarray(reference), atol=1e-5, rtol=0)
+
+
+def test_sharded_gradients_equal_unsharded(hf_models, batch8):
+    """The training loss's log-probs and gradients (`token_logprobs`, head chunks included) on
+    the (2, 2, 2) mesh equal the unsharded ones: the backward has matmuls of its own (dX of
+    every projection and of the head) for the partitioner to get wrong. Tied embeddings: the
+    head is the transposed embedding, so both of its uses are checked."""
+    _, path = hf_models["qwen2_tied"]
+    cfg, params = models.load_hf(path)
+    tokens, mask = (jnp.asarray(x, jnp.int32) for x in batch8)
+    positions = models.positions_from_mask(mask)
+
+    def loss(p):
+        logp, ent, valid = models.token_logprobs(cfg, p, tokens, positions, mask, chunk=8)
+        return ((logp + 0.1 * ent) * valid).sum(), logp
+
+    step = jax.jit(jax.grad(loss, has_aux=True))
+    want_g, want_logp = step(params)
+    mesh = models.make_mesh((2, 2, 2))
+    _, sharded = models.load_hf(path, mesh=mesh)
+    with models.use_mesh(mesh):
+        got_g, got_logp = step(sharded)
+    np.testing.assert_allclose(np.asarray(got_logp), np.asarray(want_logp), atol=1e-5, rtol=0)
+    for (key, a), b in zip(
+        jax.tree_util.tree_leaves_with_path(got_g), jax.tree.leaves(want_g), strict=True
+    ):
+        b = np.asarray(b)
+        err = float(np.abs(np.asarray(a) - b).max()) / max(float(np.abs(b).max()), 1e-6)
+        assert err <= 1e-5, (jax.tree_util.keystr(key), err)
 
 
 def test_uneven_axes_are_replicated_and_reported():

@@ -240,7 +240,7 @@ def _head_logprobs(
     """(log p(targets), entropy), each [B, N], of the head over hidden states [B, N, E], in
     checkpointed chunks of positions when N is over one chunk (`token_logprobs`)."""
     b, t, e = hidden.shape
-    head = decoder.head_weights(cfg, params).astype(cfg.compute_dtype)
+    head = decoder.head_weights(cfg, params)
     chunk = head_chunk(cfg, b, chunk)
 
     def one(h, y):

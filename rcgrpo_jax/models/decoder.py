@@ -29,7 +29,7 @@ import numpy as np
 
 from rcgrpo_jax.models import attention, weights
 from rcgrpo_jax.models.config import ModelConfig
-from rcgrpo_jax.models.sharding import constrain
+from rcgrpo_jax.models.sharding import BATCH_MESH_AXES, constrain
 from rcgrpo_jax.models.weights import Params
 
 
@@ -155,8 +155,12 @@ def lm_logits(cfg: ModelConfig, x: jax.Array, head: jax.Array) -> jax.Array:
 
 
 def head_weights(cfg: ModelConfig, params: Params) -> jax.Array:
-    """The output projection [E, V]: the embedding, transposed, when tied."""
-    return params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
+    """The output projection [E, V] as the head reads it: the embedding, transposed, when tied;
+    in the compute dtype, gathered over the batch mesh axes (`layer_weights` says why: its
+    backward dX is the same mis-partitioned shape)."""
+    head = params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
+    head = head.astype(cfg.compute_dtype)
+    return constrain(head, ("embed", "vocab"), replicate=BATCH_MESH_AXES)
 
 
 def final_norm(cfg: ModelConfig, params: Params, x: jax.Array) -> jax.Array:
@@ -173,6 +177,28 @@ ACT = ("act_batch", "act_len", "act_embed")
 KVWrite = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, jax.Array, Any]]
 
 
+def layer_weights(cfg: ModelConfig, p: Params) -> Params:
+    """One layer's weights as its matmuls read them: in the compute dtype (norm scales as
+    stored), gathered over the batch mesh axes, i.e. FSDP's all-gather made explicit, after the
+    cast so that it moves compute-dtype bytes.
+
+    Left to the partitioner, XLA 0.10.2 mis-partitions a projection whose weight splits its
+    output dimension over "fsdp" (wo, w_down: [.., "tensor", "fsdp"]) when the result is wanted
+    split over "tensor" (`act_embed`) and the batch over ("data", "fsdp"): it moves the input
+    rows into ("fsdp", "data") order for the dot and never moves them back, so on a mesh with
+    data, fsdp and tensor all > 1 the rows of the middle batch shards come out swapped. The same
+    shape recurs in the backward (dX of wq/wk/wv/w_gate/w_up). With the weights gathered here
+    no dot of the layer sees a weight split over a batch axis."""
+    axes = weights.logical_axes(cfg)["layers"]
+
+    def one(ax, w):
+        if ax[-1] == "norm":
+            return w
+        return constrain(w.astype(cfg.compute_dtype), ax[1:], replicate=BATCH_MESH_AXES)
+
+    return jax.tree.map(one, axes, p, is_leaf=weights.is_axes)
+
+
 def decoder_layer(
     cfg: ModelConfig,
     p: Params,
@@ -186,6 +212,7 @@ def decoder_layer(
     (the "layers" subtree of `models.weights`, unstacked). Without a `slot` the layer attends
     over its own keys (training); with one, `kv_write` stores them and returns what to attend."""
     eps = cfg.rms_norm_eps
+    p = layer_weights(cfg, p)
     q, k, v = project_qkv(cfg, p["attn"], rms_norm(x, p["attn_norm"]["scale"], eps), positions)
     keys_t, values = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
     if slot is None:

@@ -43,6 +43,9 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("cache_kv_heads", "tensor"),
 )
 _RULES = dict(LOGICAL_AXIS_RULES)
+# The mesh axes that split the batch: a weight is gathered over them where a layer reads it
+# (`decoder.layer_weights`), so every matmul sees its weights split over "tensor" at most.
+BATCH_MESH_AXES = ("data", "fsdp")
 
 
 def make_mesh(
@@ -112,12 +115,16 @@ def tree_shardings(mesh: Mesh, logical_tree, shape_tree, replicate: Sequence[str
     )
 
 
-def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
-    """Sharding constraint on an activation; a no-op outside a mesh context (`use_mesh`)."""
+def constrain(
+    x: jax.Array, logical_axes: Sequence[str | None], replicate: Sequence[str] = ()
+) -> jax.Array:
+    """Sharding constraint on an activation (or a weight where it is used; never over the mesh
+    axes in `replicate`); a no-op outside a mesh context (`use_mesh`)."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or set(mesh.axis_names) != set(MESH_AXES):
         return x
-    return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes, x.shape, mesh))
+    spec = logical_to_spec(logical_axes, x.shape, mesh, replicate)
+    return jax.lax.with_sharding_constraint(x, spec)
 
 
 @contextlib.contextmanager
