@@ -31,7 +31,9 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     # activations
     ("act_batch", ("data", "fsdp")),
     ("act_len", None),
-    ("act_embed", None),
+    # The residual stream: split over "tensor" like everything else in a layer, so that remat's
+    # stack of layer inputs [L, B, T, E] is not whole on every tensor shard (issue 28).
+    ("act_embed", "tensor"),
     ("act_heads", "tensor"),
     ("act_kv_heads", "tensor"),
     ("act_mlp", "tensor"),
