@@ -20,11 +20,12 @@ def get_config():
     c.model.attention = "auto"
     # RL at rl.max_len = 16384: 4 microbatches of 2 groups (16 rows), 2 rows per chip
     # on v5p-16, 1 on v6e-16 (`python -m rcgrpo_jax.tools.plan --config=configs/qwen7b.py`).
+    # v5e-32 has more chips than a microbatch has rows: `--config.mesh.shape=auto` finds 1x16x2.
     c.rl.optim.grad_accum = 4
     # Stage 1 packs whole trajectories into 16384-token rows: with Qwen's tokenizer 66% of BFCL's
     # golden trajectories pass 4096 tokens, 9% 8192 and 5% (long_context) 16384; those last are
     # dropped (data_report.json counts them as too_long). A step of 8 such rows ~ the planner's
-    # `--prompts=1 --group=8 --grad_accum=1 --programs=train`: 31 GiB/chip on v5p-16.
+    # `--prompts=1 --group=8 --grad_accum=1 --programs=train`: 31.6 GiB/chip on v5p-16.
     c.train.seq_len = 16384
     c.rctp.max_tokens = 16384
     return c
