@@ -179,8 +179,9 @@ KVWrite = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, jax.Array, Any]
 
 def layer_weights(cfg: ModelConfig, p: Params) -> Params:
     """One layer's weights as its matmuls read them: in the compute dtype (norm scales as
-    stored), gathered over the batch mesh axes, i.e. FSDP's all-gather made explicit, after the
-    cast so that it moves compute-dtype bytes.
+    stored), gathered over the batch mesh axes, i.e. FSDP's all-gather made explicit. Sharding
+    propagation gives the cast the gathered layout, so the gather moves parameter-dtype bytes
+    (f32 all-gathers in the partitioned HLO of tools.plan's train and decode programs).
 
     Left to the partitioner, XLA 0.10.2 mis-partitions a projection whose weight splits its
     output dimension over "fsdp" (wo, w_down: [.., "tensor", "fsdp"]) when the result is wanted
