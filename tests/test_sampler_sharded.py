@@ -1,12 +1,18 @@
-"""The sampler on the 2x2x2 virtual CPU mesh gives the tokens of the unsharded run."""
+"""The sampler on the 2x2x2 virtual CPU mesh gives the tokens of the unsharded run; on a 1x1x2
+mesh it never runs far ahead of the device (the XLA:CPU hang of `session.MAX_PROGRAMS_AHEAD`)."""
 
 from __future__ import annotations
 
+import threading
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_model_config
 
 from rcgrpo_jax import models, sampling
+from rcgrpo_jax.sampling import core, session
 
 BUCKETS = sampling.Buckets(cache_min=256, chunk_min=32, chunk_max=32)  # as in test_sampler.py
 PROMPT_LENS = (5, 17, 11, 6)
@@ -67,3 +73,52 @@ def test_the_tensor_layout_copy_samples_the_tokens_of_the_training_weights(pair)
     assert got.tokens == want.tokens
     for a, b in zip(got.logprobs, want.logprobs, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def _stalled(params, gate: threading.Event):
+    """`params` again, as the output of a program that waits on the host until `gate` is set:
+    every program that reads them queues behind it, however fast the host dispatches."""
+
+    def wait() -> np.ndarray:
+        gate.wait(60)
+        return np.ones((), np.float32)
+
+    def stall(p):
+        one = jax.pure_callback(wait, jax.ShapeDtypeStruct((), jnp.float32))
+        return jax.tree.map(lambda w: w * one.astype(w.dtype), p)
+
+    return jax.jit(stall, out_shardings=jax.tree.map(lambda w: w.sharding, params))(params)
+
+
+def test_a_long_prompt_is_prefilled_at_most_a_few_programs_ahead_of_the_device(monkeypatch):
+    """A 40-chunk prompt on a 1x1x2 mesh (tensor axis 2): while the device is held up, the host
+    dispatches at most MAX_PROGRAMS_AHEAD programs, then waits. Unpaced, it queued 31 chunks, up
+    to XLA:CPU's limit per device, where with as many client threads as devices the next launch
+    and half of an all-reduce could wait on each other for ever (qwen7b's e2e on mesh (1, 1, 2))."""
+    cfg = tiny_model_config(qkv_bias=True)
+    mesh = models.make_mesh((1, 1, 2))
+    params = models.init_params(cfg, jax.random.key(0), mesh)
+    buckets = sampling.Buckets(chunk_min=16, chunk_max=16, cache_min=64)
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, 40 * 16).tolist()
+    want = sampling.generate(cfg, params, [prompt], 2, mesh=mesh, buckets=buckets)  # compiles
+
+    gate = threading.Event()
+    stalled = _stalled(params, gate)
+    while_stalled = []
+    prefill = core.prefill
+
+    def counted(*args, **kwargs):
+        while_stalled.append(not gate.is_set())
+        return prefill(*args, **kwargs)
+
+    monkeypatch.setattr(core, "prefill", counted)
+    timer = threading.Timer(1.0, gate.set)  # far longer than the host needs to dispatch 40 chunks
+    timer.start()
+    try:
+        got = sampling.generate(cfg, stalled, [prompt], 2, mesh=mesh, buckets=buckets)
+    finally:
+        gate.set()
+        timer.cancel()
+    assert len(while_stalled) == 40 and while_stalled[0]
+    assert sum(while_stalled) <= session.MAX_PROGRAMS_AHEAD
+    assert got.tokens == want.tokens

@@ -37,6 +37,17 @@ from rcgrpo_jax.sampling import core
 
 StopIds = Sequence[int] | Sequence[Sequence[int]] | Mapping[int, Sequence[int]]
 
+# Programs a session dispatches before it waits for the last of them to finish. A long append is
+# many programs in a row that the host never reads back (a 16k-token prompt: 128 prefill chunks);
+# unbounded, they pile up to XLA:CPU's limit of 32 queued programs per device. The next launch
+# then blocks, waiting for a slot, on one of the CPU client's worker threads, and there are only
+# as many of those as devices when the cores are fewer (`PJRT_NPROC` sets their number). With an
+# all-reduce over the tensor axis in every program, the blocked launch can hold the thread that
+# one device's share of a queued program needs while the other device's share waits for it in the
+# all-reduce: "Expected 2 threads to join the rendezvous, but only 1 of them arrived" (qwen7b's
+# e2e on mesh (1, 1, 2)). A few programs in flight keep any backend's device busy.
+MAX_PROGRAMS_AHEAD = 8
+
 
 class CapacityError(ValueError):
     """A trajectory would outgrow the session's `max_len`."""
@@ -175,6 +186,7 @@ class Session:
         self._sampled: list[list[bool]] = []
         self._logprobs: list[list[float]] = []
         self._prefill: list[int] = []
+        self._ahead = 0  # programs dispatched since the host last waited for the device
         self.stats = {"prefill_tokens": 0, "prefill_padded_tokens": 0, "decode_row_steps": 0}
 
     # ----------------------------------------------------------------- public API
@@ -227,8 +239,7 @@ class Session:
         self._live = unique
         traj = np.full((self._batch_bucket(unique),), -1, np.int32)
         traj[: len(unique)] = np.asarray(unique) + self._first_row
-        with models.use_mesh(self.mesh):
-            self._state = core.init_state(self.cfg, capacity, traj)
+        self._state = self._in_mesh(core.init_state, self.cfg, capacity, traj)
         self._append({r: prompts[r] for r in unique})
         if len(unique) < n:
             slot = {r: i for i, r in enumerate(unique)}
@@ -341,8 +352,15 @@ class Session:
     # ----------------------------------------------------------------- internals
 
     def _in_mesh(self, fn: Callable, *args: Any):
+        """`fn(*args)` under the session's mesh: every program the session runs goes through here,
+        and every MAX_PROGRAMS_AHEAD-th waits until its output is computed."""
         with models.use_mesh(self.mesh):
-            return fn(*args)
+            out = fn(*args)
+        self._ahead += 1
+        if self._ahead >= MAX_PROGRAMS_AHEAD:
+            jax.block_until_ready(out)
+            self._ahead = 0
+        return out
 
     def _batch_bucket(self, rows: Sequence[Any]) -> int:
         return batch_capacity(len(rows), self._shard, self.buckets)
