@@ -112,7 +112,7 @@ def test_a_long_prompt_is_prefilled_at_most_a_few_programs_ahead_of_the_device(m
         return prefill(*args, **kwargs)
 
     monkeypatch.setattr(core, "prefill", counted)
-    timer = threading.Timer(1.0, gate.set)  # far longer than the host needs to dispatch 40 chunks
+    timer = threading.Timer(3.0, gate.set)  # far longer than the host needs to dispatch 40 chunks
     timer.start()
     try:
         got = sampling.generate(cfg, stalled, [prompt], 2, mesh=mesh, buckets=buckets)

@@ -117,13 +117,11 @@ dense.defvjp(_dense_fwd, _dense_bwd)
 def project_qkv(
     cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, positions: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """x [B, T, E] -> roped q [B, T, H, D] and k, v [B, T, KV, D]."""
-    cd = cfg.compute_dtype
-    q = dense(x, p["wq"].astype(cd))
-    k = dense(x, p["wk"].astype(cd))
-    v = dense(x, p["wv"].astype(cd))
+    """x [B, T, E] -> roped q [B, T, H, D] and k, v [B, T, KV, D]. The layer pieces read weights
+    as `layer_weights` gives them (compute dtype, gathered), the head as `head_weights` does."""
+    q, k, v = dense(x, p["wq"]), dense(x, p["wk"]), dense(x, p["wv"])
     if cfg.qkv_bias:
-        q, k, v = q + p["bq"].astype(cd), k + p["bk"].astype(cd), v + p["bv"].astype(cd)
+        q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
     inv_freq = rope_inv_freq(cfg)
     q = apply_rope(q, positions, inv_freq)
     return (
@@ -134,14 +132,15 @@ def project_qkv(
 
 
 def attention_out(cfg: ModelConfig, p: dict[str, jax.Array], out: jax.Array) -> jax.Array:
-    return dense(out, p["wo"].astype(cfg.compute_dtype), 2)
+    del cfg
+    return dense(out, p["wo"], 2)
 
 
 def mlp(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
-    cd = cfg.compute_dtype
-    hidden = jax.nn.silu(dense(x, p["w_gate"].astype(cd))) * dense(x, p["w_up"].astype(cd))
+    del cfg
+    hidden = jax.nn.silu(dense(x, p["w_gate"])) * dense(x, p["w_up"])
     hidden = constrain(hidden, ("act_batch", "act_len", "act_mlp"))
-    return dense(hidden, p["w_down"].astype(cd))
+    return dense(hidden, p["w_down"])
 
 
 def embed(cfg: ModelConfig, embedding: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -150,7 +149,8 @@ def embed(cfg: ModelConfig, embedding: jax.Array, tokens: jax.Array) -> jax.Arra
 
 def lm_logits(cfg: ModelConfig, x: jax.Array, head: jax.Array) -> jax.Array:
     """Final-normed hidden states [B, T, E] @ head [E, V] -> float32 logits [B, T, V]."""
-    logits = dense(x, head.astype(cfg.compute_dtype), 1, jnp.float32)
+    del cfg
+    logits = dense(x, head, 1, jnp.float32)
     return constrain(logits, ("act_batch", "act_len", "act_vocab"))
 
 
