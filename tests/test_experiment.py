@@ -34,12 +34,31 @@ def test_each_arm_is_evaluated_under_its_own_token():
     want = {"sft_grpo": None, "sft_rcgrpo": HIGH, "rctp_rcgrpo": HIGH, "rctp_grpo": HIGH,
             "sft_grpo_dynamic": None, "sft_grpo_shuffled": None, "rctp_rcgrpo_shuffled": HIGH,
             "rctp_rcgrpo_lr0": HIGH}  # fmt: skip
-    config = ml_collections.ConfigDict({"controls": ("shuffled", "lr0")})
+    config = _experiment_config(dynamic_sampling=False)
     arms = experiment.rl_arms(config)
     assert [a[0] for a in arms] == [*(a[0] for a in experiment.RL_ARMS), *list(want)[5:]]
     for name, _, algo, overrides in arms:
         rl = _rl(**{k: v for k, v in overrides.items() if k == "grpo_token"})
         assert evaluation_token(algo, rl) == want[name], name
+
+
+def _experiment_config(**rl) -> ml_collections.ConfigDict:
+    base = {"dynamic_sampling": False, "grpo_token": "none", "shuffle_rewards": False,
+            "optim": {"lr": 1e-3}}  # fmt: skip
+    return ml_collections.ConfigDict(
+        {"controls": ("shuffled", "lr0"), "rl": {**base, **rl}}
+    )
+
+
+def test_an_arm_that_repeats_the_config_is_left_out():
+    """With dynamic sampling on for every arm the dynamic arm would be sft_grpo run twice; an
+    override that differs from the config (lr 0, shuffled rewards) keeps its arm."""
+    names = lambda **rl: [a[0] for a in experiment.rl_arms(_experiment_config(**rl))]
+    assert "sft_grpo_dynamic" in names()
+    dynamic = names(dynamic_sampling=True)
+    assert "sft_grpo_dynamic" not in dynamic and len(dynamic) == len(names()) - 1
+    assert "rctp_rcgrpo_lr0" not in names(optim={"lr": 0.0})
+    assert {"sft_grpo", "rctp_rcgrpo_lr0", "sft_grpo_shuffled"} <= set(dynamic)
 
 
 def test_shuffled_rewards_keep_the_batch_and_break_the_link():

@@ -111,6 +111,7 @@ def tiny_config(workdir):
     c.rl.steps = 1
     c.rl.num_prompts = len(FAULTS)
     c.rl.group_size = 2
+    c.rl.dynamic_sampling = False  # one round of P x G rollouts: each fault exactly once
     c.rl.max_new_tokens = 8
     c.rl.eval_every = 0
     c.rl.checkpoint_every = 1

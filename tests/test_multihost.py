@@ -40,6 +40,8 @@ OVERRIDES = {
     "rl.num_prompts": P,
     "rl.group_size": G,
     "rl.minibatches": 2,
+    "rl.dynamic_sampling": False,  # one round of P x G rows per iteration (the tiling below)
+    "rl.max_rollouts": 0,
     "rl.kl_beta": 0.01,
     "rl.max_new_tokens": 8,
     "rl.eval_every": STEPS,

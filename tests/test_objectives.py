@@ -271,12 +271,14 @@ def trained_rewards(filled) -> np.ndarray:
 
 
 def test_fill_groups_keeps_only_informative_groups_and_counts_the_extra_rollouts():
-    draw, calls = fake_draws([[True, False, True, False], [False, True], [True]])
+    rounds = [[True, False, True, False], [False, True, False, False], [True, False, True, True]]
+    draw, calls = fake_draws(rounds)
     filled = fill_groups(draw, 4, 3, budget=10**6, dynamic=True, max_rounds=4)
-    assert calls == [(0, 4), (1, 2), (2, 1)]  # each round draws what is still missing
+    assert calls == [(0, 4), (1, 4), (2, 4)]  # one round shape, until 4 are in hand
     kept = trained_rewards(filled)
     assert kept.shape == (4, 3) and (kept.max(1) != kept.min(1)).all()
-    assert filled.generated == (4 + 2 + 1) * 3 and filled.num_trained == 4
+    assert filled.trained[2].tolist() == [True, False, False, False]  # only the one missing
+    assert filled.generated == 3 * 4 * 3 and filled.num_trained == 4
 
 
 def test_fill_groups_cap_budget_minibatches_and_plain_grpo():
@@ -287,7 +289,7 @@ def test_fill_groups_cap_budget_minibatches_and_plain_grpo():
     assert capped.generated == 36
     draw, calls = fake_draws(never)
     assert fill_groups(draw, 4, 3, budget=20, dynamic=True).generated == 18  # 4 + 2 groups
-    assert calls == [(0, 4), (1, 2)]
+    assert calls == [(0, 4), (1, 2)]  # the budget, not the shape, cuts the last round
     draw, _ = fake_draws([[True, True, False, True], [False]])
     cut = fill_groups(draw, 4, 3, budget=15, dynamic=True, multiple_of=2)
     assert cut.num_trained == 2 and cut.trained[0].tolist() == [True, True, False, False]

@@ -49,6 +49,10 @@ OVERRIDES = {
     "rl.max_new_tokens": 16,
     "rl.eval_every": 2,
     "rl.checkpoint_every": 1,
+    # plain GRPO with a budget of steps x P x G, so that the grid keeps its dynamic arm (with
+    # the demo's dynamic sampling for every arm it would repeat sft_grpo and is left out)
+    "rl.dynamic_sampling": False,
+    "rl.max_rollouts": 0,
     "eval.max_new_tokens": 16,
     "eval.max_entries": 4,
     "eval.samples": 2,

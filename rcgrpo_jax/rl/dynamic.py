@@ -49,24 +49,25 @@ def fill_groups(
 ) -> Filled[R]:
     """Rounds of `draw(round, n)` until `num_groups` groups are kept or a limit is hit.
 
-    Without `dynamic`: one round of `num_groups` groups, every group kept. With it: the
-    degenerate groups of each round are dropped and the next round draws as many groups as are
-    still missing, for at most `max_rounds` rounds. No round generates past `budget`
-    trajectories (it draws fewer groups, or none). The kept groups are then cut to a multiple of
-    `multiple_of` (an update needs the same whole number of groups in every minibatch), the
-    last-drawn dropped first."""
+    Without `dynamic`: one round of `num_groups` groups, every group kept. With it: every round
+    draws `num_groups` groups (one rollout shape, so one set of programs, whatever is missing),
+    keeps its informative groups up to the number still missing and drops the rest, for at most
+    `max_rounds` rounds. No round generates past `budget` trajectories (it draws fewer groups,
+    or none). The kept groups are then cut to a multiple of `multiple_of` (an update needs the
+    same whole number of groups in every minibatch), the last-drawn dropped first."""
     rounds: list[R] = []
     keep: list[np.ndarray] = []
     kept = generated = 0
     for r in range(max_rounds if dynamic else 1):
-        n = min(num_groups - kept, (budget - generated) // group_size)
-        if n <= 0:
+        n = min(num_groups, (budget - generated) // group_size)
+        if n <= 0 or kept == num_groups:
             break
         out = draw(r, n)
         if np.shape(out.rewards) != (n, group_size):
             raise ValueError(f"draw({r}, {n}) gave rewards of shape {np.shape(out.rewards)}")
         generated += n * group_size
         mask = ~np.asarray(degenerate_groups(out.rewards)) if dynamic else np.ones(n, bool)
+        mask[np.flatnonzero(mask)[num_groups - kept :]] = False  # enough: the rest unused
         rounds.append(out)
         keep.append(mask)
         kept += int(mask.sum())

@@ -62,8 +62,24 @@ DYNAMICS = ("reward_mean", "degenerate_frac", "entropy")
 
 
 def rl_arms(config: ml_collections.ConfigDict) -> tuple[tuple[str, str, str, dict[str, Any]], ...]:
-    """The RL arms stage `all` runs: `RL_ARMS`, then the controls `config.controls` names."""
-    return RL_ARMS + tuple(arm for kind in config.controls for arm in CONTROLS[kind])
+    """The RL arms stage `all` runs: `RL_ARMS`, then the controls `config.controls` names.
+
+    An arm whose overrides are all already the config's values would repeat another arm's run
+    exactly (the dynamic arm when `rl.dynamic_sampling` is on for every arm): it is left out."""
+    arms = RL_ARMS + tuple(arm for kind in config.controls for arm in CONTROLS[kind])
+    return tuple(arm for arm in arms if not arm[3] or not _already(config, arm[3]))
+
+
+def _already(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> bool:
+    """Whether every `rl` override equals the config's own value."""
+    rl = config.rl
+    return all(_lookup(rl, key) == value for key, value in overrides.items())
+
+
+def _lookup(node: ml_collections.ConfigDict, dotted: str) -> Any:
+    for part in dotted.split("."):
+        node = node[part]
+    return node
 
 
 def _sub(config: ml_collections.ConfigDict, stage: str, name: str, **rl: Any):
