@@ -106,8 +106,9 @@ def get_config():
     # A fresh Adam's first update is lr x sign(g) on every weight whatever the gradient's size,
     # and clip_norm acts before Adam: at 3e-3 (stage 1 ended at 1e-2 decayed) one update took
     # training success 0.91 -> 0.41. With informative groups only, 1e-3 after a 4-update
-    # warm-up moves held-out success while the shuffled-reward control falls; on the mixed
-    # batches of plain GRPO 3e-4 was the rate that did not collapse (docs/experiments/tiny_default.md).
+    # warm-up moves held-out success while the shuffled-reward control does not; on plain
+    # GRPO's mixed batches 3e-4 was the rate that did not collapse
+    # (docs/experiments/tiny_default.md).
     c.rl.optim.lr = 1e-3
     c.rl.optim.warmup_steps = 4
 
