@@ -45,9 +45,7 @@ def test_each_arm_is_evaluated_under_its_own_token():
 def _experiment_config(**rl) -> ml_collections.ConfigDict:
     base = {"dynamic_sampling": False, "grpo_token": "none", "shuffle_rewards": False,
             "optim": {"lr": 1e-3}}  # fmt: skip
-    return ml_collections.ConfigDict(
-        {"controls": ("shuffled", "lr0"), "rl": {**base, **rl}}
-    )
+    return ml_collections.ConfigDict({"controls": ("shuffled", "lr0"), "rl": {**base, **rl}})
 
 
 def test_an_arm_that_repeats_the_config_is_left_out():
