@@ -238,3 +238,50 @@ def test_calling_a_missed_function_early():
     hidden = bfcl.trajectory_reward(entry, decoded)
     # `sort` only returns the sorted text: its early result was an error, so it is missing.
     assert (hidden.reward, hidden.error_type, hidden.error_turn) == (0.0, RESPONSE_MISMATCH, reveal)
+
+
+def _demo_tasks(per_split: int = 24) -> list:
+    """The first tasks of each split of the demo's environment (configs/tiny.py)."""
+    import importlib.util
+    from pathlib import Path
+
+    from rcgrpo_jax.stages import setup
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "tiny.py"
+    spec = importlib.util.spec_from_file_location("tiny_config", path)
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    config = tiny.get_config()
+    return [
+        e
+        for split in ("train", "test", "rl")
+        for e in setup.task_entries(config, split)[:per_split]
+    ]
+
+
+def test_agrees_with_official_checker_on_the_demo_tasks():
+    """The demo's synthetic tasks are scored by the same reward as BFCL's: on their ground truth
+    (look, then act, over several steps) and on every RCTP perturbation of it, our verdict is
+    bfcl-eval's `multi_turn_checker`'s."""
+    from rcgrpo_jax.data import perturb as rctp_perturb
+
+    rng = random.Random(0)
+    verdicts, kinds = [], set()
+    for entry in _demo_tasks():
+        plan = rctp_perturb.ground_truth_plan(entry, "python")
+        trajectories = [("ground_truth", plan)]
+        for kind in rctp_perturb.PERTURBATIONS:
+            p = rctp_perturb.perturb(entry, plan, kind, rng)
+            if p is not None:
+                trajectories.append((kind, p.plan))
+        for kind, steps in trajectories:
+            decoded = [[[format_call(c) for c in step] for step in turn] for turn in steps]
+            reference = official_verdict(entry, decoded)
+            assert ours(entry, decoded) == reference, (entry.id, kind, decoded)
+            if kind == "ground_truth":
+                assert reference == (True, None), entry.id
+            verdicts.append(reference)
+            kinds.add(kind)
+    assert kinds == {"ground_truth", *rctp_perturb.PERTURBATIONS}
+    assert {None, STATE_MISMATCH, RESPONSE_MISMATCH, EMPTY_TURN} <= {e for _, e in verdicts}
+    assert 0.2 < sum(valid for valid, _ in verdicts) / len(verdicts) < 0.9
