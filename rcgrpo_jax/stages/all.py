@@ -71,15 +71,14 @@ def rl_arms(config: ml_collections.ConfigDict) -> tuple[tuple[str, str, str, dic
 
 
 def _already(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> bool:
-    """Whether every `rl` override equals the config's own value."""
-    rl = config.rl
-    return all(_lookup(rl, key) == value for key, value in overrides.items())
+    """Whether every `rl` override ("optim.lr": rl.optim.lr) equals the config's own value."""
+    return all(_node(config.rl, key.split(".")) == v for key, v in overrides.items())
 
 
-def _lookup(node: ml_collections.ConfigDict, dotted: str) -> Any:
-    for part in dotted.split("."):
-        node = node[part]
-    return node
+def _node(root: ml_collections.ConfigDict, path: list[str]) -> Any:
+    for part in path:
+        root = root[part]
+    return root
 
 
 def _sub(config: ml_collections.ConfigDict, stage: str, name: str, **rl: Any):
@@ -91,10 +90,7 @@ def _sub(config: ml_collections.ConfigDict, stage: str, name: str, **rl: Any):
         c.tokenizer_path = ""
     for k, v in rl.items():
         *path, leaf = k.split(".")  # "optim.lr": c.rl.optim.lr
-        node = c.rl
-        for part in path:
-            node = node[part]
-        node[leaf] = v
+        _node(c.rl, path)[leaf] = v
     return c
 
 
