@@ -115,6 +115,7 @@ def test_grpo_trains_the_calculator_for_one_iteration(calculator, tmp_path):
         "stage": "grpo",
         "env.module": "examples.calculator_env",
         "env.benchmark": "calculator",
+        "rl.prompt_split": "train",  # the demo's rl split exists only in the synthetic env
         "rl.steps": 1,
         "rl.eval_every": 1,
     }
