@@ -48,6 +48,16 @@ REPO = Path(__file__).resolve().parent.parent
 TINY_VOCAB = 128
 
 
+def shipped_config(name: str):
+    """`configs/<name>.py`'s `get_config()`, as `--config=configs/<name>.py` builds it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{name}_config", REPO / "configs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
 def tiny_model_config(**overrides):
     """The 2-layer, 32-wide decoder the unit tests train and sample (fields overridable)."""
     from rcgrpo_jax import models

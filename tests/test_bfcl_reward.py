@@ -242,16 +242,11 @@ def test_calling_a_missed_function_early():
 
 def _demo_tasks(per_split: int = 24) -> list:
     """The first tasks of each split of the demo's environment (configs/tiny.py)."""
-    import importlib.util
-    from pathlib import Path
+    from conftest import shipped_config
 
     from rcgrpo_jax.stages import setup
 
-    path = Path(__file__).resolve().parents[1] / "configs" / "tiny.py"
-    spec = importlib.util.spec_from_file_location("tiny_config", path)
-    tiny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny)
-    config = tiny.get_config()
+    config = shipped_config("tiny")
     return [
         e
         for split in ("train", "test", "rl")

@@ -9,13 +9,12 @@ row calls the faulty method; `env.max_steps_per_turn = 1` ends each row after tw
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import sys
 import threading
 import time
 
 import pytest
-from conftest import REPO
+from conftest import shipped_config
 
 from rcgrpo_jax.envs import executor, tiny_tokenizer
 from rcgrpo_jax.stages import rl as loop
@@ -98,10 +97,7 @@ def faulty_entries(tasks):
 
 
 def tiny_config(workdir):
-    spec = importlib.util.spec_from_file_location("tiny_config", REPO / "configs" / "tiny.py")
-    tiny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny)
-    c = tiny.get_config()
+    c = shipped_config("tiny")
     c.stage = "rcgrpo"
     c.workdir = str(workdir)
     c.env.synthetic.num_train = 40

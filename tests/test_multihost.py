@@ -75,18 +75,15 @@ def _free_port() -> int:
 def _make_init(root: Path) -> Path:
     """The runs' initial policy as an HF directory: the tiny tokenizer (trained on the runs'
     training tasks) and a random model, made with numpy (nothing compiled in this process)."""
-    import importlib.util
 
     import jax
+    from conftest import shipped_config
 
     from rcgrpo_jax import models
     from rcgrpo_jax.envs import tiny_tokenizer
     from rcgrpo_jax.stages.setup import task_entries
 
-    spec = importlib.util.spec_from_file_location("tiny_config", REPO / "configs" / "tiny.py")
-    tiny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny)
-    config = tiny.get_config()
+    config = shipped_config("tiny")
     config.env.synthetic.num_train = OVERRIDES["env.synthetic.num_train"]
     tasks = task_entries(config, "train")
     tokenizer = tiny_tokenizer.load_or_train(root, tasks, vocab_size=ARCH["vocab_size"])
