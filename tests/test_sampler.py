@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -235,6 +237,41 @@ def test_shared_prompts_are_prefilled_once(loaded):
     assert plain.prefill_tokens == [len(p) + t for p, t in zip(prompts, tool_lens, strict=True)]
     assert shared.prefill_tokens == [9 + 1, 2, 14 + 3, 4, 6 + 5, 6]  # copies: tool text only
     assert shared.stats["prefill_tokens"] == sum(map(len, base)) + sum(tool_lens)
+
+
+def test_preallocated_caches_sample_what_growing_ones_do(loaded, monkeypatch):
+    """A session with a small max_len allocates its caches once (no grow programs, one cache
+    length for every program) and still attends over the slots the growing schedule would use:
+    tokens and log-probs are bit-identical to a session that grows its caches bucket by bucket,
+    over turns that cross several cache buckets, with sub-batches and finished rows."""
+    cfg, params = loaded["qwen2"]
+    small = sampling.Buckets(cache_min=16, chunk_min=16, chunk_max=16)
+    max_len = sampling.cache_capacity(112, small)
+    prompts = _prompts(cfg.vocab_size, lens=(4, 9, 15, 6, 12, 20), seed=2)
+    tool = {r: [3 + r] * (2 + 3 * r) for r in range(6)}
+    grows = []
+    monkeypatch.setattr(core, "grow", lambda *a, _g=core.grow: grows.append(a[2]) or _g(*a))
+    runs = {}
+    for prealloc in (max_len, 0):
+        buckets = dataclasses.replace(small, preallocate_max=prealloc)
+        sess = sampling.Session(
+            cfg, params, temperature=1.0, seed=7, max_len=max_len, buckets=buckets
+        )
+        sess.start(prompts, reserve=12)
+        capacities, turns = [sess.state.capacity], []
+        for _ in range(3):
+            turns.append(sess.decode_turn(12))
+            sess.finish(sess.live_rows[-1:])
+            sess.append({r: tool[r] for r in sess.live_rows[: len(sess.live_rows) // 2 + 1]})
+            capacities.append(sess.state.capacity)
+        runs[prealloc] = ([sess.trajectory(r) for r in range(6)], capacities, len(grows))
+        grows.clear()
+    (pre, pre_caps, pre_grows), (grown, grown_caps, grown_grows) = runs[max_len], runs[0]
+    assert set(pre_caps) == {max_len} and pre_grows == 0
+    assert grown_grows >= 2 and grown_caps[0] < grown_caps[-1]  # the schedule crossed buckets
+    for a, b in zip(pre, grown, strict=True):
+        assert a.tokens == b.tokens and a.sampled == b.sampled
+        np.testing.assert_array_equal(a.logprobs, b.logprobs)  # bit-identical, NaNs included
 
 
 def test_compile_count_bounded(loaded):

@@ -64,6 +64,11 @@ class Buckets:
     chunk_max: int = 128
     cache_min: int = 64  # cache length: 2^k or 1.5 * 2^k (<= 1/3 unused) up to cache_geom_max,
     cache_geom_max: int = 4096  # then multiples of cache_geom_max
+    # A session whose max_len is at most this allocates its caches at max_len once, rather than
+    # growing them bucket by bucket: every grow is a program, and every cache length multiplies
+    # the prefill, decode and gather programs by one. Attention still reads only the slots the
+    # growing schedule would have (`Session._room`), so the numbers are the same either way.
+    preallocate_max: int = 2048
     decode_steps: int = 64  # most tokens per jitted decode call (the loop exits when rows stop)
     stops_min: int = 4  # stop-set width: power of two >= stops_min
 
@@ -180,6 +185,7 @@ class Session:
         if self.mesh is not None:
             self._shard = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         self._state: core.RolloutState | None = None
+        self._room = 0  # cache slots in use by the bucket schedule (<= the state's capacity)
         self._live: list[int] = []  # row at each state slot (slots >= len are empty)
         self._finished: set[int] = set()
         self._hist: list[list[int]] = []
@@ -239,7 +245,8 @@ class Session:
         self._live = unique
         traj = np.full((self._batch_bucket(unique),), -1, np.int32)
         traj[: len(unique)] = np.asarray(unique) + self._first_row
-        self._state = self._in_mesh(core.init_state, self.cfg, capacity, traj)
+        self._room = capacity
+        self._state = self._in_mesh(core.init_state, self.cfg, self._allocation(capacity), traj)
         self._append({r: prompts[r] for r in unique})
         if len(unique) < n:
             slot = {r: i for i, r in enumerate(unique)}
@@ -295,7 +302,7 @@ class Session:
                 state, res = core.decode(
                     self.cfg, self._mode, steps, self.params, state, self._key,
                     self._temperature, self._top_k, self._top_p, bud, stop_arr,
-                    kv_len=self._kv_bucket(state, slot_rows, steps + 1),
+                    kv_len=self._kv_bucket(slot_rows, steps + 1),
                 )  # fmt: skip
                 return state, tuple(distributed.host_tree(tuple(res)))  # gathered if sharded
 
@@ -378,13 +385,19 @@ class Session:
             size = min(size, self.max_len)
         return size
 
-    def _kv_bucket(
-        self, state: core.RolloutState, slot_rows: Sequence[int | None], new: int
-    ) -> int:
+    def _allocation(self, room: int) -> int:
+        """Cache slots to allocate for `room` slots in use: all of max_len at once when it is
+        small (`Buckets.preallocate_max`), else the room itself."""
+        if self.max_len is not None and self.max_len <= self.buckets.preallocate_max:
+            return self.max_len
+        return room
+
+    def _kv_bucket(self, slot_rows: Sequence[int | None], new: int) -> int:
         """Cache slots the next program must attend over: every row's tokens plus `new` writes,
-        rounded up to a power of two (>= cache_min) so that few programs are compiled."""
+        rounded up to a power of two (>= cache_min) so that few programs are compiled, and at
+        most the room in use, whatever was allocated."""
         longest = max((len(self._hist[r]) for r in slot_rows if r is not None), default=0)
-        return min(_pow2(longest + new, self.buckets.cache_min), state.capacity)
+        return min(_pow2(longest + new, self.buckets.cache_min), self._room)
 
     def _index(self, slots: Sequence[int], size: int) -> np.ndarray:
         """Slot indices padded to `size` with an out-of-range index (= empty row / dropped)."""
@@ -432,9 +445,10 @@ class Session:
         overwrite the row's last tokens, so this is checked here, on the host."""
         assert self._state is not None
         need = max(len(self._hist[r]) + extra.get(r, idle) for r in rows)
-        if need > self._state.capacity:
-            size = self._cache_bucket(need)
-            self._state = self._in_mesh(core.grow, self.cfg, self._state, size)
+        if need > self._room:
+            self._room = self._cache_bucket(need)
+            if self._room > self._state.capacity:
+                self._state = self._in_mesh(core.grow, self.cfg, self._state, self._room)
 
     def _run(
         self, rows: Sequence[int], extra: Mapping[int, int], idle: int, fn: Callable
@@ -477,7 +491,7 @@ class Session:
                         toks[i, : len(part)] = part
                         lens[i] = len(part)
                 self.stats["prefill_padded_tokens"] += toks.size
-                kv_len = self._kv_bucket(state, slot_rows, t)
+                kv_len = self._kv_bucket(slot_rows, t)
                 return core.prefill(self.cfg, self.params, state, toks, lens, kv_len=kv_len), (
                     lens,
                 )
