@@ -3,7 +3,7 @@
 `--config.model.hf_path=/mnt/models/Llama-3.1-8B-Instruct`.
 """
 
-from rcgrpo_jax.config import base_config
+from rcgrpo_jax.config import base_config, bfcl_rl_recipe
 
 
 def get_config():
@@ -30,4 +30,5 @@ def get_config():
     # `--prompts=1 --group=8 --grad_accum=1 --programs=train`: 33.1 GiB/chip on v5p-16.
     c.train.seq_len = 16384
     c.rctp.max_tokens = 16384
+    bfcl_rl_recipe(c)  # dynamic sampling, 2 epochs, warm-up, own failures in RCTP's data
     return c

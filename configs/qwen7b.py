@@ -4,7 +4,7 @@ Point `model.hf_path` at a local copy of the Hugging Face checkpoint (e.g. copie
 or a mounted bucket): `--config.model.hf_path=/mnt/models/Qwen2.5-7B-Instruct`.
 """
 
-from rcgrpo_jax.config import base_config
+from rcgrpo_jax.config import base_config, bfcl_rl_recipe
 
 
 def get_config():
@@ -28,4 +28,5 @@ def get_config():
     # `--prompts=1 --group=8 --grad_accum=1 --programs=train`: 31.6 GiB/chip on v5p-16.
     c.train.seq_len = 16384
     c.rctp.max_tokens = 16384
+    bfcl_rl_recipe(c)  # dynamic sampling, 2 epochs, warm-up, own failures in RCTP's data
     return c

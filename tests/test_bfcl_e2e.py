@@ -56,6 +56,12 @@ SIZE_AND_STEPS = (
     "--config.rl.max_new_tokens=16",
     "--config.eval.max_new_tokens=16",
     "--config.env.max_steps_per_turn=1",
+    # The RL recipe's counts, back to one pass: a random policy's groups are all-fail, so with
+    # dynamic sampling on every arm no fused step would run at 16k (the dynamic arm still runs
+    # it); RCTP's 2 policy rollouts per entry would be 360 trajectories at 16k.
+    "--config.rl.dynamic_sampling=False",
+    "--config.rl.epochs=1",
+    "--config.rctp.rollouts_per_entry=0",
 )
 LENGTH_KEYS = ("rl.max_len", "eval.max_len", "train.seq_len", "rctp.max_tokens")
 FULL_LENGTH = 16384
