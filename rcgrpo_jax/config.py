@@ -233,7 +233,8 @@ def base_config() -> ml_collections.ConfigDict:
 def bfcl_rl_recipe(c: ml_collections.ConfigDict) -> None:
     """The RL recipe that raised the demo's held-out success on every arm against its controls
     (docs/experiments/tiny_default.md), in the terms of a 7B/8B model on BFCL; the 7B and 8B
-    configs call it. It has not been run at that size."""
+    configs call it. It has not been run at that size, and two keys are not the demo's
+    (rl.minibatches, rctp.rollouts_per_entry: said below)."""
     # RL's prompts: BFCL's training split, disjoint from the held-out test split (BFCL has no
     # third split of unseen names, the synthetic demo's `rl` split).
     c.rl.prompt_split = "train"
@@ -241,18 +242,23 @@ def bfcl_rl_recipe(c: ml_collections.ConfigDict) -> None:
     # trajectories most groups of 8 are all-pass or all-fail, and an update on a batch of them
     # has nearly no signal. Up to 4 rounds of P x G rollouts per iteration, within the same
     # budget for every arm (rl.max_rollouts 0 = rl.steps x P x G trajectories), which it
-    # therefore spends in between rl.steps / 4 and rl.steps iterations.
+    # therefore spends in between rl.steps / 4 and rl.steps iterations. With it on for every arm,
+    # stage `all` leaves out `sft_grpo_dynamic` (it would repeat `sft_grpo`).
     c.rl.dynamic_sampling = True
     c.rl.dynamic_max_rounds = 4
     # Two epochs over each batch, so the second sees ratios != 1 and the clip bounds how far one
-    # batch moves the policy; one minibatch, so an update needs only grad_accum informative
-    # groups (with two it would need 2 x grad_accum, and a short round trains nothing).
+    # batch moves the policy. One minibatch (the demo has 2): an iteration's informative groups
+    # are cut to a multiple of minibatches x grad_accum, so with 2 an iteration short of
+    # 2 x grad_accum of them trains nothing (at grad_accum 8, v5e-32's, that is all P = 8).
     c.rl.epochs = 2
     c.rl.minibatches = 1
     # A fresh Adam's first updates are lr x sign(g) on every weight whatever the gradient's
     # size: warm up over 10 updates, to lr 1e-6, a tenth of stage 1's.
     c.rl.optim.warmup_steps = 10
     c.rl.optim.lr = 1e-6
-    # RCTP's low-reward examples include the initial policy's own failed trajectories, so that
-    # <|low_reward|> produces failures like the policy's, not only the scripted perturbations.
+    # RCTP's data includes 2 rollouts per entry of the stage-1 starting model (the instruct
+    # model here), labelled by their reward: its failures join the low-reward examples, so that
+    # <|low_reward|> produces failures like the policy's, not only scripted perturbations (its
+    # successes join the high ones, which SFT's data then lacks). Not the demo's setting: there
+    # the warm start fails mostly on unseen names and its rollouts did not help.
     c.rctp.rollouts_per_entry = 2

@@ -249,8 +249,19 @@ def test_preallocated_caches_sample_what_growing_ones_do(loaded, monkeypatch):
     max_len = sampling.cache_capacity(112, small)
     prompts = _prompts(cfg.vocab_size, lens=(4, 9, 15, 6, 12, 20), seed=2)
     tool = {r: [3 + r] * (2 + 3 * r) for r in range(6)}
-    grows = []
-    monkeypatch.setattr(core, "grow", lambda *a, _g=core.grow: grows.append(a[2]) or _g(*a))
+    calls = []  # (program, its static attention length or cache size) in call order
+
+    def spy(name):
+        real = getattr(core, name)
+
+        def wrapped(*a, **kw):
+            calls.append((name, kw.get("kv_len", a[2] if name == "grow" else None)))
+            return real(*a, **kw)
+
+        monkeypatch.setattr(core, name, wrapped)
+
+    for name in ("grow", "prefill", "decode", "gather_rows"):
+        spy(name)
     runs = {}
     for prealloc in (max_len, 0):
         buckets = dataclasses.replace(small, preallocate_max=prealloc)
@@ -264,11 +275,14 @@ def test_preallocated_caches_sample_what_growing_ones_do(loaded, monkeypatch):
             sess.finish(sess.live_rows[-1:])
             sess.append({r: tool[r] for r in sess.live_rows[: len(sess.live_rows) // 2 + 1]})
             capacities.append(sess.state.capacity)
-        runs[prealloc] = ([sess.trajectory(r) for r in range(6)], capacities, len(grows))
-        grows.clear()
-    (pre, pre_caps, pre_grows), (grown, grown_caps, grown_grows) = runs[max_len], runs[0]
-    assert set(pre_caps) == {max_len} and pre_grows == 0
-    assert grown_grows >= 2 and grown_caps[0] < grown_caps[-1]  # the schedule crossed buckets
+        runs[prealloc] = ([sess.trajectory(r) for r in range(6)], capacities, list(calls))
+        calls.clear()
+    (pre, pre_caps, pre_calls), (grown, grown_caps, grown_calls) = runs[max_len], runs[0]
+    attention = lambda cs: [c for c in cs if c[0] in ("prefill", "decode")]  # noqa: E731
+    assert attention(pre_calls) == attention(grown_calls)  # the same kv_len, call by call
+    assert set(pre_caps) == {max_len} and not any(c[0] == "grow" for c in pre_calls)
+    assert sum(c[0] == "grow" for c in grown_calls) >= 2 and grown_caps[0] < grown_caps[-1]
+    assert any(c[0] == "gather_rows" for c in pre_calls)  # sub-batches and compaction ran
     for a, b in zip(pre, grown, strict=True):
         assert a.tokens == b.tokens and a.sampled == b.sampled
         np.testing.assert_array_equal(a.logprobs, b.logprobs)  # bit-identical, NaNs included
