@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, mask_runs, xla_flags
+from conftest import REPO, mask_runs, shipped_config, xla_flags
 
 from rcgrpo_jax.envs import bfcl, prompts
 from rcgrpo_jax.envs.calls import extract_calls
@@ -197,13 +197,8 @@ def _gib(x: float) -> str:
 
 def test_configs_keep_full_lengths():
     """What the e2e runs rely on: the 7B/8B configs' lengths, none of them overridden."""
-    import importlib.util
-
     for name in ("qwen7b", "llama8b"):
-        spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        c = module.get_config()
+        c = shipped_config(name)
         for key in LENGTH_KEYS:
             section, leaf = key.split(".")
             assert c[section][leaf] == FULL_LENGTH, (name, key)

@@ -7,20 +7,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, shipped_config
 
 from rcgrpo_jax import config as config_lib
 from rcgrpo_jax import config_check
 from rcgrpo_jax.errors import UserError
 
-
-def _load(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+_load = shipped_config
 
 
 def test_every_declared_key_has_a_rule_and_every_rule_a_key():

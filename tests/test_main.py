@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, shipped_config
 
 from rcgrpo_jax import config as config_lib
 from rcgrpo_jax.errors import UserError
@@ -56,12 +56,7 @@ def test_bad_input_is_one_line(args, expected):
 
 @pytest.mark.parametrize("name", ["tiny", "qwen7b", "llama8b"])
 def test_configs_load_and_declare_known_stage(name):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
+    c = shipped_config(name)
     assert c.stage in config_lib.STAGES
     assert c.model.chat_format in ("qwen", "llama", "python")
 

@@ -75,7 +75,6 @@ def _free_port() -> int:
 def _make_init(root: Path) -> Path:
     """The runs' initial policy as an HF directory: the tiny tokenizer (trained on the runs'
     training tasks) and a random model, made with numpy (nothing compiled in this process)."""
-
     import jax
     from conftest import shipped_config
 

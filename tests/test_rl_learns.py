@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, tiny_model_config
+from conftest import shipped_config, tiny_model_config
 
 from rcgrpo_jax import models, rl, sampling
 from rcgrpo_jax.envs.reward import RewardResult
@@ -137,12 +137,7 @@ def test_rollout_and_trainer_log_probs_agree(grad_accum):
 
 def _demo_rl():
     """configs/tiny.py's RL settings (the recipe the demo runs)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("tiny", REPO / "configs" / "tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config().rl
+    return shipped_config("tiny").rl
 
 
 @pytest.mark.parametrize("flip", [False, True])

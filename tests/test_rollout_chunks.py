@@ -9,10 +9,9 @@ Qwen2.5 tokenizer and chat template (skipped without `../shared/tokenizers`)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 
 import numpy as np
-from conftest import REPO
+from conftest import shipped_config
 
 from rcgrpo_jax.envs.reward_tokens import HIGH, LOW
 from rcgrpo_jax.rl.rollout import RolloutSettings, collect
@@ -24,10 +23,7 @@ TOKENS = np.array([[HIGH, LOW, HIGH]] * P, np.int32)
 
 
 def tiny_config(workdir, **model):
-    spec = importlib.util.spec_from_file_location("tiny_config", REPO / "configs" / "tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
+    c = shipped_config("tiny")
     c.workdir = str(workdir)
     c.mesh.shape = (-1, 1, 1)  # rows sharded over 8 devices: chunks pad to the data axis too
     c.env.synthetic.num_train = 8

@@ -269,9 +269,9 @@ def test_preallocated_caches_sample_what_growing_ones_do(loaded, monkeypatch):
             cfg, params, temperature=1.0, seed=7, max_len=max_len, buckets=buckets
         )
         sess.start(prompts, reserve=12)
-        capacities, turns = [sess.state.capacity], []
+        capacities = [sess.state.capacity]
         for _ in range(3):
-            turns.append(sess.decode_turn(12))
+            sess.decode_turn(12)
             sess.finish(sess.live_rows[-1:])
             sess.append({r: tool[r] for r in sess.live_rows[: len(sess.live_rows) // 2 + 1]})
             capacities.append(sess.state.capacity)
