@@ -101,7 +101,7 @@ def get_config():
     # the clip bounds how far one batch moves the policy.
     c.rl.epochs = 2
     c.rl.minibatches = 2
-    c.rl.eval_every = 8  # held-out success mid-way too, for rl.png
+    c.rl.eval_every = 8  # greedy held-out success mid-way too, for rl.png
     c.rl.checkpoint_every = 4
     # A fresh Adam's first update is lr x sign(g) on every weight whatever the gradient's size,
     # and clip_norm acts before Adam: at 3e-3 (stage 1 ended at 1e-2 decayed) one update took

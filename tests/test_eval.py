@@ -165,3 +165,46 @@ def test_synthetic_benchmark_evaluates_its_own_tasks(tmp_path):
     config.eval.split = "valid"
     with pytest.raises(UserError, match="eval.split"):
         eval_stage.run(config)
+
+
+def test_a_repeated_measurement_is_not_run_again(tmp_path, monkeypatch):
+    """`success_rate` keeps what it measured: the same parameters, tokenizer, entries and
+    settings give the kept value without a rollout; a changed weight, token, sample count,
+    entry or setting measures again; parameters above the memo's size always do."""
+    import types
+
+    import numpy as np
+
+    runs = []
+
+    def rollouts(config, env, entries, model, tokenizer, mesh, token, samples=0):
+        runs.append((token, samples))
+        return [types.SimpleNamespace(rewards=np.full((len(entries), max(samples, 1)), 0.5))]
+
+    monkeypatch.setattr(eval_stage, "_model_rollouts", rollouts)
+    monkeypatch.setattr(eval_stage.setup, "environment", lambda config: None)
+    monkeypatch.setattr(eval_stage, "_MEASURED", {})
+    tok = types.SimpleNamespace(get_vocab=lambda: {"a": 0, "b": 1}, chat_template="{{ x }}")
+    entries = [f"entry {i}" for i in range(3)]
+    config = make_config(tmp_path)
+    params = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+
+    def rate(params=params, token=1, samples=0, entries=entries, config=config):
+        return eval_stage.success_rate(config, ("cfg", params), tok, None, entries, token, samples)
+
+    assert rate() == rate() == 0.5 and len(runs) == 1
+    changed = {"w": params["w"].copy()}
+    changed["w"][1, 2] = np.nextafter(changed["w"][1, 2], np.float32(9))
+    other = make_config(tmp_path, max_new_tokens=7)
+    for kwargs in (
+        {"params": changed}, {"token": None}, {"samples": 4}, {"entries": entries[:2]},
+        {"config": other},
+    ):  # fmt: skip
+        before = len(runs)
+        rate(**kwargs)
+        rate(**kwargs)
+        assert len(runs) == before + 1, kwargs
+    monkeypatch.setattr(eval_stage, "_MEMO_MAX_BYTES", 8)
+    before = len(runs)
+    rate()
+    assert len(runs) == before + 1

@@ -126,6 +126,14 @@ def reference(tmp_path_factory) -> Path:
     return workdir
 
 
+def test_sampled_evaluation_is_at_the_start_and_the_end_only(reference):
+    """Greedy held-out success at every evaluation; the k-sample mean (k times its rollouts)
+    at the start and the end, the figures the summary reports."""
+    evals = {r["step"]: r for r in read_jsonl(reference / "metrics.jsonl") if "eval_success" in r}
+    assert sorted(evals) == [0, 2, 4]
+    assert [("eval_sampled" in evals[s]) for s in (0, 2, 4)] == [True, False, True]
+
+
 def test_rcgrpo_killed_anywhere_resumes_exactly(reference, tmp_path):
     rng = random.Random(kill_seed())
     workdir = tmp_path / "run"

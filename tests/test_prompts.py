@@ -157,3 +157,25 @@ def test_prompt_lengths_are_shared_by_equal_tokenizers(tokenizer_root):
     shorter = setup.prompt_length(env, again, entry, "qwen")
     assert len(setup._PROMPT_LENGTHS) == before + 1 and shorter < n
     assert setup.prompt_length(env, first, entry, "qwen") == n  # the plain one keeps its own
+
+
+def test_memoised_rendering_equals_a_fresh_one(tokenizers):
+    """`render_segments` keeps what it rendered (the G rollouts of a prompt repeat it): every
+    prefix of a played conversation renders as the template does, a returned list can be
+    changed without changing the next one, and a replaced template is rendered anew."""
+    tok = tokenizers["qwen2.5"]
+    episode = played("multi_turn_base_1", "qwen")
+    messages, tools = episode.messages, episode.tools
+    for end in range(1, len(messages) + 1):
+        for gen in (False, True):
+            fresh = prompts._render_segments(tok, messages[:end], tools, gen)
+            first = prompts.render_segments(tok, messages[:end], tools, gen)
+            first.append(("changed", False))
+            assert prompts.render_segments(tok, messages[:end], tools, gen) == fresh
+    template, before = tok.chat_template, prompts.render_segments(tok, messages, tools)
+    try:
+        tok.chat_template = template.replace("<|im_start|>", "<|im_start|> ")
+        changed = prompts.render_segments(tok, messages, tools)
+        assert changed == prompts._render_segments(tok, messages, tools, False) != before
+    finally:
+        tok.chat_template = template

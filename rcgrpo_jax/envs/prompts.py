@@ -245,8 +245,29 @@ def render_segments(
 
     An assistant piece is the message as the template prints it plus the end-of-turn token
     that the model itself must emit. Found by rendering once with markers in place of the
-    assistant contents, then walking the real rendering.
+    assistant contents, then walking the real rendering. Memoised per tokenizer: the G
+    rollouts of a prompt open with the same conversation and, from a peaked policy, mostly
+    continue alike, and a template render costs more than the model's step on small models.
     """
+    try:  # the template too: it can be replaced on the same tokenizer
+        template = str(getattr(tokenizer, "chat_template", None))
+        key = (template, json.dumps([messages, tools, add_generation_prompt]))
+    except TypeError:  # not plain data: render every time
+        return _render_segments(tokenizer, messages, tools, add_generation_prompt)
+    segments = _memoised(
+        _SEGMENTS, tokenizer, key,
+        lambda: tuple(_render_segments(tokenizer, messages, tools, add_generation_prompt)),
+    )  # fmt: skip
+    return list(segments)
+
+
+def _render_segments(
+    tokenizer: Any,
+    messages: Sequence[Message],
+    tools: list[dict] | None,
+    add_generation_prompt: bool,
+) -> list[tuple[str, bool]]:
+    """`render_segments` without the memo."""
     text = render_text(tokenizer, messages, tools, add_generation_prompt)
     marked = [
         dict(m, content=_MARK.format(i)) if m["role"] == "assistant" else m
@@ -283,23 +304,34 @@ def render_segments(
     return segments
 
 
+# Per-tokenizer LRU memos (`_memoised`): rendered conversations and encoded pieces.
+_SEGMENTS: weakref.WeakKeyDictionary[Any, OrderedDict] = weakref.WeakKeyDictionary()
 _ENCODED: weakref.WeakKeyDictionary[Any, OrderedDict] = weakref.WeakKeyDictionary()
-_ENCODED_MAX = 1024
+_MEMO_MAX = 1024  # entries per tokenizer and memo
+
+
+def _memoised(store: weakref.WeakKeyDictionary, tokenizer: Any, key: Any, compute) -> Any:
+    """compute() for `key`, kept in `tokenizer`'s LRU of `store` (keyed by vocabulary size
+    too, so added tokens invalidate). The value must be immutable: it is shared."""
+    cache = store.setdefault(tokenizer, OrderedDict())
+    key = (len(tokenizer), key)
+    value = cache.get(key)
+    if value is None:
+        value = cache[key] = compute()
+        if len(cache) > _MEMO_MAX:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(key)
+    return value
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
     """Token ids of one rendered piece, memoised per tokenizer: a conversation is re-rendered
-    at every step and all but its last pieces repeat (keyed by vocabulary size too, so added
-    tokens invalidate)."""
-    cache = _ENCODED.setdefault(tokenizer, OrderedDict())
-    key = (len(tokenizer), text)
-    ids = cache.get(key)
-    if ids is None:
-        ids = cache[key] = tuple(tokenizer.encode(text, add_special_tokens=False))
-        if len(cache) > _ENCODED_MAX:
-            cache.popitem(last=False)
-    else:
-        cache.move_to_end(key)
+    at every step and all but its last pieces repeat."""
+    ids = _memoised(
+        _ENCODED, tokenizer, text,
+        lambda: tuple(tokenizer.encode(text, add_special_tokens=False)),
+    )  # fmt: skip
     return list(ids)
 
 

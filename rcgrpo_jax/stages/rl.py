@@ -19,7 +19,7 @@ One RL iteration, read top to bottom:
 5. log (with the first update's rollout-trainer agreement: |log p_train - log p_sampler| over
    generated tokens and max |ratio - 1|), evaluate at the start (the record of iteration 0)
    and every `rl.eval_every` iterations, always under one token (`evaluation_token`), greedy
-   and, with `eval.samples` k, the mean of k samples per entry,
+   and, with `eval.samples` k, at the start and the end the mean of k samples per entry,
    checkpoint every `rl.checkpoint_every`; at the end export an HF directory and plot dynamics.
 
 Every generated trajectory counts against `rl.max_rollouts` (default: steps × P × G): the run
@@ -169,12 +169,15 @@ def shuffled(rewards: np.ndarray, seed: int, iteration: int) -> np.ndarray:
     return rng.permutation(rewards.reshape(-1)).reshape(rewards.shape)
 
 
-def heldout(config, cfg, tokenizer, mesh, entries, token, params) -> dict[str, float]:
+def heldout(
+    config, cfg, tokenizer, mesh, entries, token, params, sampled: bool = True
+) -> dict[str, float]:
     """The RL evaluation record: greedy held-out success (`eval_success`) and, with
-    `eval.samples` k, the mean success of k samples per entry (`eval_sampled`)."""
+    `eval.samples` k and `sampled`, the mean success of k samples per entry (`eval_sampled`:
+    k times the rollouts of the greedy figure, so only at the start and the end)."""
     model, k = (cfg, params), int(config.eval.samples)
     out = {"eval_success": success_rate(config, model, tokenizer, mesh, entries, token)}
-    if k:
+    if k and sampled:
         out["eval_sampled"] = success_rate(config, model, tokenizer, mesh, entries, token, k)
     return out
 
@@ -336,7 +339,7 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
                 _warn_env_errors(it + 1, ro.errors)
             last = it + 1 == int(rl.steps) or budget - generated < g_
             if rl.eval_every and ((it + 1) % int(rl.eval_every) == 0 or last):
-                record.update(evaluate(state.params))
+                record.update(evaluate(state.params, sampled=last))
             history.append(writer.write(it + 1, record))
             done = it + 1
             ckpt.save(done, state, {"iteration": done, "generated_rollouts": generated})
