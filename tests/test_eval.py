@@ -184,7 +184,17 @@ def test_a_repeated_measurement_is_not_run_again(tmp_path, monkeypatch):
     monkeypatch.setattr(eval_stage, "_model_rollouts", rollouts)
     monkeypatch.setattr(eval_stage.setup, "environment", lambda config: None)
     monkeypatch.setattr(eval_stage, "_MEASURED", {})
-    tok = types.SimpleNamespace(get_vocab=lambda: {"a": 0, "b": 1}, chat_template="{{ x }}")
+
+    class Tokenizer:
+        chat_template = "{{ x }}"
+
+        def get_vocab(self):
+            return {"a": 0, "b": 1}
+
+        def __len__(self):
+            return 2
+
+    tok = Tokenizer()
     entries = [f"entry {i}" for i in range(3)]
     config = make_config(tmp_path)
     params = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}

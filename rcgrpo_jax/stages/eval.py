@@ -248,7 +248,7 @@ _MEMO_MAX_BYTES = 1 << 28
 
 def _measurement_key(config, model, tokenizer, mesh, entries, reward_token, samples) -> str | None:
     """A digest of everything `success_rate`'s value depends on: the parameters' bytes, the
-    model config, mesh, tokenizer (vocabulary and chat template), the entries and the
+    model config, mesh, tokenizer (`setup.tokenizer_fingerprint`), the entries and the
     evaluation, environment and sampler settings. None (measure every time) when the
     parameters are larger than `_MEMO_MAX_BYTES` or not all held by this process."""
     import hashlib
@@ -260,9 +260,7 @@ def _measurement_key(config, model, tokenizer, mesh, entries, reward_token, samp
     leaves = jax.tree_util.tree_leaves(params)
     if any(not getattr(x, "is_fully_addressable", True) for x in leaves):
         return None
-    if sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize for x in leaves) > (
-        _MEMO_MAX_BYTES
-    ):
+    if sum(x.nbytes for x in leaves) > _MEMO_MAX_BYTES:
         return None
     digest = hashlib.sha256()
     for x in jax.device_get(leaves):
@@ -273,8 +271,7 @@ def _measurement_key(config, model, tokenizer, mesh, entries, reward_token, samp
         "cfg": repr(cfg), "mesh": repr(getattr(mesh, "shape", None)),
         "eval": config.eval.to_dict(), "env": config.env.to_dict(), "seed": config.seed,
         "chat_format": config.model.chat_format, "weights": config.mesh.sampler_weights,
-        "vocab": sorted(tokenizer.get_vocab().items()),
-        "template": getattr(tokenizer, "chat_template", None),
+        "tokenizer": (setup.tokenizer_fingerprint(tokenizer), len(tokenizer)),
         "entries": [repr(e) for e in entries], "token": reward_token, "samples": samples,
     }  # fmt: skip
     digest.update(json.dumps(settings, sort_keys=True, default=repr).encode())

@@ -323,10 +323,10 @@ _FINGERPRINTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _SAID: set[str] = set()
 
 
-def _fingerprint(tokenizer: Any) -> str:
+def tokenizer_fingerprint(tokenizer: Any) -> str:
     """What a tokenizer encodes by (its serialised vocabulary, merges and added tokens, and its
     chat template), so that the same tokenizer loaded again by a later stage of the run, from
-    the model's directory or an export, shares the memo. Computed once per object: tokens added
+    the model's directory or an export, shares the memos. Computed once per object: tokens added
     later (the reward tokens) are told apart by the memo's key, which holds len(tokenizer)."""
     import hashlib
 
@@ -345,7 +345,8 @@ def prompt_length(env: Any, tokenizer: Any, entry: Any, chat_format: str) -> int
     from rcgrpo_jax.envs.reward_tokens import HIGH
 
     cache = _PROMPT_LENGTHS
-    key = (_fingerprint(tokenizer), len(tokenizer), chat_format, entry)  # entry: by identity
+    # entry: by identity
+    key = (tokenizer_fingerprint(tokenizer), len(tokenizer), chat_format, entry)
     if key not in cache:
         # the high token stands for either token (both render alike); without the token in the
         # vocabulary it is spelled in pieces, so this never undercounts a conditioned prompt
