@@ -170,7 +170,8 @@ def test_synthetic_benchmark_evaluates_its_own_tasks(tmp_path):
 def test_a_repeated_measurement_is_not_run_again(tmp_path, monkeypatch):
     """`success_rate` keeps what it measured: the same parameters, tokenizer, entries and
     settings give the kept value without a rollout; a changed weight, token, sample count,
-    entry or setting measures again; parameters above the memo's size always do."""
+    entry, setting or chat template measures again; a multi-process run and parameters above
+    the memo's size always do."""
     import types
 
     import numpy as np
@@ -186,10 +187,13 @@ def test_a_repeated_measurement_is_not_run_again(tmp_path, monkeypatch):
     monkeypatch.setattr(eval_stage, "_MEASURED", {})
 
     class Tokenizer:
-        chat_template = "{{ x }}"
+        chat_template, eos_token_id, unk_token_id = "{{ x }}", 1, None
 
         def get_vocab(self):
-            return {"a": 0, "b": 1}
+            return {"a": 0, "<|im_end|>": 1}
+
+        def convert_tokens_to_ids(self, token):
+            return self.get_vocab().get(token)
 
         def __len__(self):
             return 2
@@ -214,7 +218,14 @@ def test_a_repeated_measurement_is_not_run_again(tmp_path, monkeypatch):
         rate(**kwargs)
         rate(**kwargs)
         assert len(runs) == before + 1, kwargs
-    monkeypatch.setattr(eval_stage, "_MEMO_MAX_BYTES", 8)
     before = len(runs)
+    tok.chat_template = "{{ y }}"  # replaced on the same object
     rate()
     assert len(runs) == before + 1
+    monkeypatch.setattr("jax.process_count", lambda: 2)
+    rate()
+    assert len(runs) == before + 2  # multi-process: every process measures
+    monkeypatch.setattr("jax.process_count", lambda: 1)
+    monkeypatch.setattr(eval_stage, "_MEMO_MAX_BYTES", 8)
+    rate()
+    assert len(runs) == before + 3  # too large to hash

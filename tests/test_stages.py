@@ -138,6 +138,8 @@ def test_rl_arm_logs_are_consistent(run_all, arm):
     # the start's evaluation (iteration 0), greedy and sampled, before any update
     start, metrics = metrics[0], metrics[1:]
     assert start["step"] == 0 and {"eval_success", "eval_sampled"} <= start.keys()
+    # and the end's, also where the budget ends the run early (the dynamic arm)
+    assert "eval_sampled" in [m for m in metrics if "eval_success" in m][-1]
     # the same budget of generated trajectories; the dynamic arm may spend it in fewer iterations
     steps = [m["step"] for m in metrics]
     assert steps == ([1, 2][: len(steps)] if dynamic else [1, 2]) and len(rollouts) == len(steps)

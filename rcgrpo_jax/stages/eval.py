@@ -219,7 +219,9 @@ def success_rate(
     (None: no token) — for periodic RL evaluation and the RCTP controllability report. With
     `samples` k > 0: the mean success of k rollouts per entry at `eval.sample_temperature`
     (sees a policy's change before its greedy choice flips). A measurement this process has
-    already made (the same parameters, tokenizer, entries and settings) is not run again."""
+    already made (the same parameters, tokenizer, entries and settings) is not run again: its
+    first value is returned, also where an environment's wall-clock limit
+    (`env.call_timeout_s`) could have scored a repeat differently."""
     key = _measurement_key(config, model, tokenizer, mesh, entries, reward_token, samples)
     if key is not None and key in _MEASURED:
         return _MEASURED[key]
@@ -249,20 +251,25 @@ _MEMO_MAX_BYTES = 1 << 28
 def _measurement_key(config, model, tokenizer, mesh, entries, reward_token, samples) -> str | None:
     """A digest of everything `success_rate`'s value depends on: the parameters' bytes, the
     model config, mesh, tokenizer (`setup.tokenizer_fingerprint`), the entries and the
-    evaluation, environment and sampler settings. None (measure every time) when the
-    parameters are larger than `_MEMO_MAX_BYTES` or not all held by this process."""
+    evaluation, environment and sampler settings. None (measure every time) in a
+    multi-process run (every process must take the same path into the rollouts' collectives),
+    or when the parameters are larger than `_MEMO_MAX_BYTES`."""
     import hashlib
 
     import jax
     import numpy as np
 
+    from rcgrpo_jax.envs.prompts import stop_ids
+
     cfg, params = model
     leaves = jax.tree_util.tree_leaves(params)
-    if any(not getattr(x, "is_fully_addressable", True) for x in leaves):
+    if jax.process_count() > 1:
         return None
     if sum(x.nbytes for x in leaves) > _MEMO_MAX_BYTES:
         return None
     digest = hashlib.sha256()
+    for x in leaves:  # the layout too: with mesh.sampler_weights='train' the dots follow it
+        digest.update(str(getattr(x, "sharding", None)).encode())
     for x in jax.device_get(leaves):
         x = np.ascontiguousarray(x)
         digest.update(f"{x.dtype}{x.shape}".encode())
@@ -272,6 +279,7 @@ def _measurement_key(config, model, tokenizer, mesh, entries, reward_token, samp
         "eval": config.eval.to_dict(), "env": config.env.to_dict(), "seed": config.seed,
         "chat_format": config.model.chat_format, "weights": config.mesh.sampler_weights,
         "tokenizer": (setup.tokenizer_fingerprint(tokenizer), len(tokenizer)),
+        "template": str(getattr(tokenizer, "chat_template", None)), "stops": stop_ids(tokenizer),
         "entries": [repr(e) for e in entries], "token": reward_token, "samples": samples,
     }  # fmt: skip
     digest.update(json.dumps(settings, sort_keys=True, default=repr).encode())
