@@ -13,8 +13,6 @@ from rcgrpo_jax import config as config_lib
 from rcgrpo_jax import config_check
 from rcgrpo_jax.errors import UserError
 
-_load = shipped_config
-
 
 def test_every_declared_key_has_a_rule_and_every_rule_a_key():
     keys = set(config_check.flatten(config_lib.base_config()))
@@ -24,25 +22,25 @@ def test_every_declared_key_has_a_rule_and_every_rule_a_key():
 
 @pytest.mark.parametrize("name", ["tiny", "tiny_pretrain", "qwen7b", "llama8b"])
 def test_shipped_configs_validate(name, tmp_path):
-    c = _load(name)
+    c = shipped_config(name)
     if c.model.hf_path:  # the 7B/8B configs point at a checkpoint on the TPU VM
         c.model.hf_path = str(tmp_path)
     config_check.validate(c)
 
 
 def test_cross_key_rules():
-    c = _load("tiny")
+    c = shipped_config("tiny")
     c.rl.minibatches = 3
     with pytest.raises(UserError, match=r"config.rl.minibatches=3: expected a divisor of rl.num"):
         config_check.validate(c)
-    c = _load("tiny")
+    c = shipped_config("tiny")
     c.stage = "sft"
     c.rl.group_size = 1  # only the RL stages need groups of 2
     config_check.validate(c)
     c.stage = "rcgrpo"
     with pytest.raises(UserError, match="rl.group_size=1: expected an integer >= 2"):
         config_check.validate(c)
-    c = _load("tiny")
+    c = shipped_config("tiny")
     c.rl.objective, c.rl.aggregation = "dapo", "sequence"
     with pytest.raises(UserError, match="rl.aggregation='sequence': expected 'token' with rl.obj"):
         config_check.validate(c)
@@ -54,7 +52,7 @@ def test_family_qkv_bias_mismatch_is_caught_before_training(family, bias, tmp_pa
     from rcgrpo_jax import models
     from rcgrpo_jax.models.hf_io import config_to_hf
 
-    c = _load("tiny")
+    c = shipped_config("tiny")
     c.model.arch.family, c.model.arch.qkv_bias = family, bias
     with pytest.raises(UserError) as e:
         config_check.validate(c)
@@ -74,7 +72,7 @@ def test_family_qkv_bias_mismatch_is_caught_before_training(family, bias, tmp_pa
 
 
 def test_objective_names_the_valid_ones():
-    c = _load("tiny")
+    c = shipped_config("tiny")
     c.rl.objective = "ppo"
     with pytest.raises(UserError) as e:
         config_check.validate(c)

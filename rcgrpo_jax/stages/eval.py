@@ -261,10 +261,10 @@ def _measurement_key(config, model, tokenizer, mesh, entries, reward_token, samp
 
     from rcgrpo_jax.envs.prompts import stop_ids
 
-    cfg, params = model
-    leaves = jax.tree_util.tree_leaves(params)
     if jax.process_count() > 1:
         return None
+    cfg, params = model
+    leaves = jax.tree_util.tree_leaves(params)
     if sum(x.nbytes for x in leaves) > _MEMO_MAX_BYTES:
         return None
     digest = hashlib.sha256()
