@@ -206,42 +206,8 @@ def _row_keys(base: jax.Array, traj: jax.Array, n_sampled: jax.Array) -> jax.Arr
     )
 
 
-# On XLA:CPU, dots go to YNNPACK by default; at decode's shapes (M = batch rows, tens) its GEMMs
-# ran 1.7x slower than XLA's Eigen path (a 4-layer MLP loop at batch 32: 5.3 vs 3.1 ms/step;
-# bench/sampler.py's batch-32 decode: ~20% faster end to end). Prefill and training (large M)
-# gain nothing from the switch, so only the decode program takes it.
-CPU_DECODE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
-
-
-class _PerBackendJit:
-    """`jax.jit(fn, **kw)`, compiled with `cpu_options` when the default backend is the CPU.
-
-    The backend is read at the first call (or `lower`), so importing never initialises one, and
-    other backends never see CPU-only options.
-    """
-
-    def __init__(self, fn, cpu_options: dict, **jit_kw):
-        functools.update_wrapper(self, fn)
-        self._fn, self._cpu_options, self._jit_kw = fn, cpu_options, jit_kw
-        self._jitted: dict[str, object] = {}
-
-    def _get(self):
-        backend = jax.default_backend()
-        if backend not in self._jitted:
-            options = self._cpu_options if backend == "cpu" else None
-            self._jitted[backend] = jax.jit(self._fn, compiler_options=options, **self._jit_kw)
-        return self._jitted[backend]
-
-    def __call__(self, *args, **kwargs):
-        return self._get()(*args, **kwargs)
-
-    def lower(self, *args, **kwargs):
-        return self._get().lower(*args, **kwargs)
-
-
 @functools.partial(
-    _PerBackendJit,
-    cpu_options=CPU_DECODE_OPTIONS,
+    jax.jit,
     static_argnums=(0, 1, 2),
     static_argnames="kv_len",
     donate_argnums=4,
