@@ -206,6 +206,8 @@ def _row_keys(base: jax.Array, traj: jax.Array, n_sampled: jax.Array) -> jax.Arr
     )
 
 
+# XLA's default dot path on every backend: on CPU that is YNNPACK, whose GEMMs at decode's small
+# M use every core where Eigen's use one (`python bench/dot_paths.py` measures the two).
 @functools.partial(
     jax.jit,
     static_argnums=(0, 1, 2),
