@@ -24,9 +24,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 EIGEN = "--xla_cpu_experimental_ynn_fusion_type="  # YNNPACK's dot fusions off: Eigen's GEMMs
 SETTINGS = {"ynnpack": "", "eigen": EIGEN}
-MODELS = {  # name: (hidden, layers)
-    "suite": (256, 4),
-    "demo": (64, 3),
+MODELS = {  # name: (hidden, layers, heads, head_dim), the suite's and configs/tiny.py's shapes
+    "suite": (256, 4, 8, 32),
+    "demo": (64, 3, 4, 16),
 }
 
 
@@ -58,11 +58,11 @@ def child(repeats: int) -> dict[str, float]:
     x = jnp.ones((32, 256))
     out["GEMM loop, 200 x [32,256]@[256,1024]@[1024,256]"] = _best(lambda: loop(x), repeats)
     rng = np.random.default_rng(0)
-    for name, (hidden, layers) in MODELS.items():
+    for name, (hidden, layers, heads, head_dim) in MODELS.items():
         cfg = models.ModelConfig(
-            vocab_size=1024, hidden_size=hidden, intermediate_size=4 * hidden,
-            num_layers=layers, num_heads=hidden // 32 if hidden >= 128 else 4, num_kv_heads=2,
-            head_dim=32 if hidden >= 128 else 16, qkv_bias=True, tie_embeddings=False,
+            vocab_size=1024, hidden_size=hidden, intermediate_size=4 * hidden, num_layers=layers,
+            num_heads=heads, num_kv_heads=2, head_dim=head_dim, qkv_bias=True,
+            tie_embeddings=False,
         )  # fmt: skip
         params = models.init_params(cfg, jax.random.key(0))
         for bsz in (8, 32):
