@@ -62,3 +62,51 @@ def test_span_counts_what_its_stage_compiled():
     got = span.summary()
     assert got["programs"] == 1 and got["compile_s"] > 0 and got["wall_s"] >= got["compile_s"]
     assert "compile" in span.describe() and "1 programs" in span.describe()
+
+
+def test_the_random_init_is_one_program_per_model_and_mesh():
+    """Every stage that starts from the random init calls `init_params`: the second call with the
+    same config and mesh reuses the first one's program (no new trace, no cache read), and gives
+    the same params; another mesh is another program."""
+    from rcgrpo_jax import models
+
+    cfg = models.ModelConfig(  # a shape no other test builds, so the count starts here
+        vocab_size=72, hidden_size=24, intermediate_size=40, num_layers=1, num_heads=2,
+        num_kv_heads=1, head_dim=12,
+    )  # fmt: skip
+    key = jax.random.key(1)
+    before = compilation.programs("jit(init)")  # JAX's own compile events, by function name
+    a, b = models.init_params(cfg, key), models.init_params(cfg, key)
+    assert compilation.programs("jit(init)") - before == 1
+    assert all(jax.tree.leaves(jax.tree.map(lambda x, y: bool((x == y).all()), a, b)))
+    models.init_params(cfg, key, models.make_mesh((1, 1, 1), jax.devices()[:1]))
+    assert compilation.programs("jit(init)") - before == 2
+
+
+def test_stages_whose_optimizers_differ_in_rates_share_the_state_init():
+    """Stage 1 and RL build their optimizers from different rates and step counts; the fresh
+    state's init program depends only on `OptimConfig.init_key()` (clipping on or off), so they
+    share it, and the state it makes is the one the stage's own optimizer would make."""
+    from rcgrpo_jax import models
+    from rcgrpo_jax.train.optim import OptimConfig, make_optimizer
+    from rcgrpo_jax.train.state import init_train_state
+
+    cfg = models.ModelConfig(
+        vocab_size=80, hidden_size=24, intermediate_size=40, num_layers=1, num_heads=2,
+        num_kv_heads=1, head_dim=12,
+    )  # fmt: skip
+    mesh = models.make_mesh((1, 1, 1), jax.devices()[:1])
+    psh = models.param_shardings(cfg, mesh)
+    params = jax.device_put(models.init_params(cfg, jax.random.key(0)), psh)
+    configs = (OptimConfig(lr=1e-2, total_steps=1000), OptimConfig(lr=1e-3, total_steps=16))
+    before = compilation.programs("jit(init)")
+    for optim in configs:
+        opt = make_optimizer(optim)
+        key = optim.init_key()
+        state = init_train_state(params, opt, 3, mesh=mesh, param_shardings=psh, key=key)
+        want = opt.init(params)
+        assert jax.tree.structure(state.opt_state) == jax.tree.structure(want)
+        same = jax.tree.map(lambda x, y: bool((x == y).all()), state.opt_state, want)
+        assert all(jax.tree.leaves(same))
+    assert compilation.programs("jit(init)") - before == 1
+    assert OptimConfig(clip_norm=0).init_key() != configs[0].init_key()

@@ -142,15 +142,22 @@ def sampler_params(cfg: ModelConfig, params: Params, layout: str = "tensor") -> 
         return _sampler_copy(cfg, mesh)(params)
 
 
-def init_params(cfg: ModelConfig, rng: jax.Array, mesh: Mesh | None = None) -> Params:
-    """Random params (the tiny from-scratch model); created sharded when a mesh is given."""
+@functools.cache
+def _init_program(cfg: ModelConfig, mesh: Mesh | None):
+    """The jitted random init of `cfg` on `mesh`: one program per (cfg, mesh) and process, so
+    every stage that starts from the random init reuses it (a new `jax.jit` per call would
+    trace and lower it again)."""
 
     def init(key):
         return _Declare(cfg).init(key)["params"]
 
-    out_shardings = None if mesh is None else param_shardings(cfg, mesh)
+    return jax.jit(init, out_shardings=None if mesh is None else param_shardings(cfg, mesh))
+
+
+def init_params(cfg: ModelConfig, rng: jax.Array, mesh: Mesh | None = None) -> Params:
+    """Random params (the tiny from-scratch model); created sharded when a mesh is given."""
     with sharding.use_mesh(mesh):
-        return jax.jit(init, out_shardings=out_shardings)(rng)
+        return _init_program(cfg, mesh)(rng)
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:

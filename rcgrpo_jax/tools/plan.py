@@ -1,7 +1,7 @@
 """AOT planner: will a config fit a TPU slice, and how fast could its steps run?
 
-    python -m rcgrpo_jax.tools.plan --config=configs/qwen7b.py --topology=v5p-16 \
-        [--prompts=8 --group=8 --seq=16384 --grad_accum=4] [--config.mesh.shape=(1,4,2)] \
+    python -m rcgrpo_jax.tools.plan --config=configs/qwen7b.py --topology=v5p-16 \\
+        [--prompts=8 --group=8 --seq=16384 --grad_accum=4] [--config.mesh.shape=(1,4,2)] \\
         [--config.model.remat=full] [--json=plan.json]
 
 It plans what the config runs: P, G, T and grad_accum default to the config's RL update

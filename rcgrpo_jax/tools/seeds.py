@@ -1,6 +1,6 @@
 """Stage `all` over several seeds (and compiles): what RL did, per arm and arm against arm.
 
-    python -m rcgrpo_jax.tools.seeds --config=configs/tiny.py --seeds=0,1,2,3,4 \
+    python -m rcgrpo_jax.tools.seeds --config=configs/tiny.py --seeds=0,1,2,3,4 \\
         --workdir=runs/seeds [--pool=runs/avx2,...] [--config.model.scan_layers=True ...]
 
 Each seed runs `--config.seed=N` in `<workdir>/seed_N` (resumable: a finished seed is read back,

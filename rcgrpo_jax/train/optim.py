@@ -51,6 +51,12 @@ class OptimConfig:
             d["total_steps"] = int(default_total_steps)
         return cls(**d)
 
+    def init_key(self) -> tuple:
+        """What `make_optimizer(self).init` depends on: its state is zeros and zero counts,
+        whatever the rates and schedule, and only clipping adds a (stateless) element. Stages
+        whose optimizers differ in lr or steps share one jitted state init by this key."""
+        return ("clip_adamw", self.clip_norm > 0)
+
 
 def make_schedule(cfg: OptimConfig) -> optax.Schedule:
     """lr·(n+1)/warmup_steps for update n < warmup_steps (so the first update is not wasted at
