@@ -18,8 +18,9 @@ from rcgrpo_jax.sampling import core, forward
 PROMPT_LENS = (5, 17, 11, 6)  # ragged: lengths differ by >= 5
 NEW = 32
 # One cache length and one prefill chunk length for every call in this module (longer histories
-# are prefilled in several chunks), so the tests share a few compiled programs.
-BUCKETS = sampling.Buckets(cache_min=256, chunk_min=32, chunk_max=32)
+# are prefilled in several chunks), so the tests share a few compiled programs; rows from 4, so
+# that compaction to fewer rows happens with the module's handful of prompts.
+BUCKETS = sampling.Buckets(batch_min=4, cache_min=256, chunk_min=32, chunk_max=32)
 
 
 def _prompts(vocab: int, lens=PROMPT_LENS, seed: int = 0) -> list[list[int]]:
@@ -351,3 +352,30 @@ def test_state_shapes_describe_the_real_state(loaded):
     is_axes = lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
     flat_axes = jax.tree.leaves(axes, is_leaf=is_axes)
     assert [len(a) for a in flat_axes] == [x.ndim for x in jax.tree.leaves(real)]
+
+
+def test_padding_rows_and_chunks_changes_no_number():
+    """`Buckets`' minimum rows and chunk length only pad: the demo's model, sampling at
+    temperature 1 from three ragged prompts, then a tool output appended to two rows and a second
+    turn for them, samples the same tokens with the same log-probs whether rows and chunks are
+    padded to 4 / 16 or to the defaults (8 / 32). Bit-equal on this project's AMD machines
+    (docs/benchmarks.md); held here to 1e-6, as kernels at other shapes may round otherwise."""
+    cfg = models.ModelConfig(
+        vocab_size=1024, hidden_size=64, intermediate_size=256, num_layers=3, num_heads=4,
+        num_kv_heads=2, head_dim=16, rope_theta=100.0, scan_layers=False,
+    )  # fmt: skip
+    params = models.init_params(cfg, jax.random.key(3))
+    prompts = _prompts(cfg.vocab_size, lens=(9, 20, 13), seed=4)
+    runs = []
+    for buckets in (sampling.Buckets(batch_min=4, chunk_min=16), sampling.Buckets()):
+        sess = sampling.Session(cfg, params, temperature=1.0, seed=5, buckets=buckets)
+        sess.start(prompts)
+        sess.decode_turn(12)
+        sess.append({0: [7, 8, 9], 2: [11] * 5})
+        sess.decode_turn(12, rows=[0, 2])
+        runs.append([sess.trajectory(r) for r in range(3)])
+    assert (sampling.Buckets().batch_min, sampling.Buckets().chunk_min) == (8, 32)
+    for small, default in zip(*runs, strict=True):
+        assert small.tokens == default.tokens and small.sampled == default.sampled
+        assert sum(small.sampled) >= 12
+        np.testing.assert_allclose(small.logprobs, default.logprobs, rtol=0, atol=1e-6)

@@ -14,7 +14,8 @@ from conftest import tiny_model_config
 from rcgrpo_jax import models, sampling
 from rcgrpo_jax.sampling import core, session
 
-BUCKETS = sampling.Buckets(cache_min=256, chunk_min=32, chunk_max=32)  # as in test_sampler.py
+# As in test_sampler.py.
+BUCKETS = sampling.Buckets(batch_min=4, cache_min=256, chunk_min=32, chunk_max=32)
 PROMPT_LENS = (5, 17, 11, 6)
 
 
