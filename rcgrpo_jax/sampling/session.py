@@ -58,11 +58,11 @@ class Buckets:
     """Shape buckets: each dimension is rounded up so that few distinct programs are compiled."""
 
     # Rows (raised to the data*fsdp mesh size when sharded) and prefill chunk length (2^k or
-    # 1.5 * 2^k in [chunk_min, chunk_max]). A session's tail (a few rows still running, short
-    # tool outputs) made a program per small shape, each run a handful of times: from 4 rows and
-    # 16 tokens the demo's first RL arm compiled 138 programs, from 8 and 32 it compiles 114,
-    # with every rollout and metric bit-equal on XLA:CPU. From 16 rows, XLA's kernels round
-    # differently (docs/benchmarks.md).
+    # 1.5 * 2^k in [chunk_min, chunk_max]). Smaller minimums give a session's tail (a few rows
+    # still running, short tool outputs) a program per small shape, each run a handful of
+    # times: the demo's first RL arm compiles 114 programs at 8 / 32 and 138 at 4 / 16, with
+    # every rollout and metric bit-equal on XLA:CPU; at 16 rows XLA's kernels round some
+    # log-probs differently (docs/benchmarks.md).
     batch_min: int = 8
     chunk_min: int = 32
     # Longer appends are prefilled in several chunks: bounds the [B, H, T, S] attention scores
