@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -31,15 +30,13 @@ MODELS = {  # name: (hidden, layers, heads, head_dim), the suite's and configs/t
 
 
 def _best(fn, repeats: int) -> float:
+    """Best seconds of `fn` run to completion, after one call that compiles and warms up."""
     import jax
+    from sampler import best_time
 
-    jax.block_until_ready(fn())  # compile + warm up
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t)
-    return best
+    done = lambda: jax.block_until_ready(fn())  # noqa: E731
+    done()
+    return best_time(done, repeats)[0]
 
 
 def child(repeats: int) -> dict[str, float]:
