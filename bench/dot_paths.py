@@ -97,4 +97,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(HERE.parent))
+    from rcgrpo_jax import host_memory
+
+    host_memory.reexec([sys.executable, __file__, *sys.argv[1:]])  # as rcgrpo_jax.main runs
     sys.exit(main())

@@ -83,4 +83,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from rcgrpo_jax import host_memory
+
+    host_memory.reexec([sys.executable, __file__, *sys.argv[1:]])  # as rcgrpo_jax.main runs
     main()

@@ -153,13 +153,21 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def cpu_model() -> str:
+    """The CPU's name, family/model and vector ISA: "AMD EPYC" alone hides whether it is a Zen 4
+    (AVX-512 on 256-bit units) or a Zen 5 (full-width), and the two differ ~2x in f32 peak."""
     try:
+        info = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return platform.processor() or platform.machine()
+    flags = set(info.get("flags", "").split())
+    isa = [f for f in ("avx2", "avx512f", "amx_tile") if f in flags]
+    return (
+        f"{info.get('model name', platform.machine())} (family {info.get('cpu family', '?')} "
+        f"model {info.get('model', '?')}; {' '.join(isa) or 'no avx2'})"
+    )
 
 
 def fmt_rate(x: float | None, unit: str = "tok/s") -> str:
