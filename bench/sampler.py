@@ -7,9 +7,9 @@
     session keeps each cache and prefills only the new tokens; the transformers loop re-prefills
     the whole history every turn (what a generate-per-turn rollout does).
 Our compile time is excluded: every shape is run once before timing (warm-up), and the number of
-programs compiled is printed. Times are the best of `--repeats` runs ((a)) and of
-`--rollout-repeats` runs ((b)). transformers runs with 1 torch thread by default (its fastest
-setting on a shared 2-core box). CPU only; ~2.5 min on 2 cores.
+programs compiled is printed. Times are the best of `--repeats` runs ((a): both sides warmed up,
+then timed in turn) and of `--rollout-repeats` runs ((b)). transformers runs with 1 torch
+thread by default (its fastest setting on a shared 2-core box). CPU only; ~2.5 min on 2 cores.
 """
 
 from __future__ import annotations
@@ -92,6 +92,20 @@ def best_time(fn, repeats: int) -> tuple[float, object]:
         result = fn()
         best = min(best, time.perf_counter() - t)
     return best, result
+
+
+def best_times_interleaved(fns, repeats: int) -> list[tuple[float, object]]:
+    """(best time, last result) of each of `fns`, after one untimed call each, run in turn for
+    `repeats` rounds: both sides of a comparison see the same moments of a host whose speed
+    drifts, and neither is timed on its first call (allocator and library warm-up)."""
+    results = [fn() for fn in fns]
+    best = [float("inf")] * len(fns)
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            t = time.perf_counter()
+            results[i] = fn()
+            best[i] = min(best[i], time.perf_counter() - t)
+    return list(zip(best, results, strict=True))
 
 
 def rollout_plan(seed: int = 0, prompt_len: tuple[int, int] = (192, 320), variants: int = 2):
@@ -252,10 +266,11 @@ def main() -> None:
         prompts = [rng.integers(1, VOCAB, int(rng.integers(16, 49))).tolist() for _ in range(batch)]
         run_ours = lambda p=prompts: sampling.generate(cfg, params, p, args.new)  # noqa: B023
         compiles = sampling.compile_count()
-        ours_out = run_ours()  # warm-up: compiles this batch's shapes
+        run_ours()  # compiles this batch's shapes
         compiles = sampling.compile_count() - compiles
-        t_ours, ours_out = best_time(run_ours, args.repeats)
-        t_hf, hf_out = best_time(lambda p=prompts: hf_generate(model, p, args.new), args.repeats)
+        run_hf = lambda p=prompts: hf_generate(model, p, args.new)  # noqa: B023
+        timed = best_times_interleaved((run_ours, run_hf), args.repeats)
+        (t_ours, ours_out), (t_hf, hf_out) = timed
         same = np.mean([a == b for a, b in zip(ours_out.tokens, hf_out, strict=True)])
         n = batch * args.new
         rows.append(

@@ -14,7 +14,8 @@ Rows (same random Qwen2 weights on both sides; our compile time excluded by a wa
   (`tools.plan.train_flops`: 6·N·tokens + attention, the full head on both sides) / step time /
   that side's measured peak.
   The first step's loss and gradient norm must agree on both sides (asserted, printed).
-- greedy decode at batch 8 and 32 vs transformers `generate` (`bench/sampler.py`'s functions).
+- greedy decode at batch 8 and 32 vs transformers `generate` (`bench/sampler.py`'s functions),
+  each side warmed up, then timed in turn (`best_times_interleaved`).
 - 3-turn group rollout (8 prompts x 8 samples) with KV-cache continuation vs transformers
   re-prefilling the whole history every turn (`bench/sampler.py`'s rollout plan and loops).
 - prefill tokens per trajectory vs trajectory length: our Session over a growing multi-turn
@@ -82,7 +83,7 @@ MODES = {
         T=256,
         steps=4,
         new=64,
-        repeats=2,
+        repeats=3,
         rollout=True,
         rollout_len=(512, 1024),  # BFCL prompts are ~1k-4.5k tokens
         peak_n=2048,
@@ -634,12 +635,14 @@ def main(argv=None) -> int:
         prompts = [rng.integers(1, vocab, int(rng.integers(16, 49))).tolist() for _ in range(bsz)]
         run_ours = lambda p=prompts: sampling.generate(cfg_dec, params_dec, p, new)  # noqa: B023
         compiles = sampling.compile_count()
-        run_ours()  # warm-up: compiles this batch's shapes
+        run_ours()  # compiles this batch's shapes
         compiles = sampling.compile_count() - compiles
-        t_o, out_o = sb.best_time(run_ours, reps)
         t_h = same = None
-        if hf_dec is not None:
-            t_h, out_h = sb.best_time(lambda p=prompts: sb.hf_generate(hf_dec, p, new), reps)
+        if hf_dec is None:
+            t_o, out_o = sb.best_time(run_ours, reps)
+        else:
+            run_hf = lambda p=prompts: sb.hf_generate(hf_dec, p, new)  # noqa: B023
+            (t_o, out_o), (t_h, out_h) = sb.best_times_interleaved((run_ours, run_hf), reps)
             same = np.mean([a == b for a, b in zip(out_o.tokens, out_h, strict=True)])
         k = bsz * new
         r = ratio(t_h, t_o)
@@ -650,7 +653,7 @@ def main(argv=None) -> int:
                 fmt_rate(k / t_h if t_h else None),
                 fmt_ratio(r),
                 target(None if r is None else r >= 2.0, "≥ 2.0x") if bsz == 32 else "—",
-                ("" if same is None else f"rows identical: {same:.0%}; ")
+                ("" if same is None else f"rows identical: {same:.0%}; best of {reps}, in turn; ")
                 + f"{compiles} programs compiled in warm-up",
             )
         )
