@@ -13,7 +13,8 @@ Rows (same random Qwen2 weights on both sides; our compile time excluded by a wa
   every position, as TRL does; tokens/s and MFU = analytic model FLOPs
   (`tools.plan.train_flops`: 6·N·tokens + attention, the full head on both sides) / step time /
   that side's measured peak.
-  The first step's loss and gradient norm must agree on both sides (asserted, printed).
+  The first step's loss and gradient norm must agree on both sides (asserted, printed); the
+  later steps are timed on the two sides in turn.
 - greedy decode at batch 8 and 32 vs transformers `generate` (`bench/sampler.py`'s functions),
   each side warmed up, then timed in turn (`best_times_interleaved`).
 - 3-turn group rollout (8 prompts x 8 samples) with KV-cache continuation vs transformers
@@ -289,27 +290,26 @@ def rl_batch(cfg, params, P: int, G: int, T: int, seed: int = 0) -> dict:
     }
 
 
-def ours_train(cfg, params, batch, objective, optim_cfg, steps: int):
-    """(seconds per step, first-step loss, first-step grad norm) of our fused step."""
+def ours_train(cfg, params, batch, objective, optim_cfg):
+    """(one more step, synchronous; first-step loss; first-step grad norm) of our fused step."""
     import jax
     from steps import fresh_step
 
     step, state, _ = fresh_step(cfg, params, optim_cfg, objective=objective)
     jbatch = {k: jax.device_put(v) for k, v in batch.items()}
-    state, m = step(state, jbatch)  # warm-up = the first step (compiles)
-    loss, gnorm = float(m["loss"]), float(m["grad_norm"])
-    best = float("inf")
-    for _ in range(steps):
-        t = time.perf_counter()
-        state, m = step(state, jbatch)
+    holder = {}
+    holder["state"], m = step(state, jbatch)  # the first step (compiles)
+
+    def run() -> None:
+        holder["state"], m = step(holder["state"], jbatch)
         jax.block_until_ready(m["loss"])
-        best = min(best, time.perf_counter() - t)
-    return best, loss, gnorm
+
+    return run, float(m["loss"]), float(m["grad_norm"])
 
 
-def torch_train(model, batch, objective, optim_cfg, steps: int, device, bf16: bool):
+def torch_train(model, batch, objective, optim_cfg, device, bf16: bool):
     """The same clipped surrogate + clip-by-global-norm + AdamW in PyTorch eager on transformers'
-    model; (seconds per step, first-step loss, first-step grad norm)."""
+    model; (one more step, synchronous; first-step loss; first-step grad norm)."""
     import contextlib
 
     import torch
@@ -354,14 +354,13 @@ def torch_train(model, batch, objective, optim_cfg, steps: int, device, bf16: bo
         opt.step()
         return loss.item(), gnorm.item()
 
-    loss, gnorm = step()  # first step: the one compared with ours (and a warm-up)
-    best = float("inf")
-    for _ in range(steps):
-        t0 = time.perf_counter()
+    loss, gnorm = step()  # first step: the one compared with ours
+
+    def run() -> None:
         step()
         sync()
-        best = min(best, time.perf_counter() - t0)
-    return best, loss, gnorm
+
+    return run, loss, gnorm
 
 
 # --------------------------------------------------------------------------- prefill vs length
@@ -558,14 +557,16 @@ def main(argv=None) -> int:
     objective = objective_from_config(base_config().rl)  # grpo: what torch_train mirrors
     optim_cfg = OptimConfig(lr=1e-5, total_steps=10**6, weight_decay=0.0, clip_norm=1.0)
     batch = rl_batch(cfg, params, P, G, T)
-    t_ours, loss_o, gn_o = ours_train(cfg_train, params, batch, objective, optim_cfg, mode["steps"])
+    # Both sides' steps timed in turn (best of `steps`), so a drift in the host's speed meets both.
+    run_o, loss_o, gn_o = ours_train(cfg_train, params, batch, objective, optim_cfg)
     t_hf = loss_h = gn_h = None
-    if torch is not None:
+    if torch is None:
+        t_ours = sb.best_time(run_o, mode["steps"])[0]
+    else:
         train_model = copy.deepcopy(hf_model).to(tdevice, torch.float32)
-        t_hf, loss_h, gn_h = torch_train(
-            train_model, batch, objective, optim_cfg, mode["steps"], tdevice, bf16
-        )
-        del train_model
+        run_h, loss_h, gn_h = torch_train(train_model, batch, objective, optim_cfg, tdevice, bf16)
+        (t_ours, _), (t_hf, _) = sb.best_times_interleaved((run_o, run_h), mode["steps"])
+        del train_model, run_h
     tokens = P * G * T
     flops = plan.train_flops(cfg, plan.Shape(prompts=P, group=G, seq=T))[0]
     tps_o, tps_h = tokens / t_ours, (tokens / t_hf if t_hf else None)
