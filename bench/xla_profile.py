@@ -4,8 +4,8 @@
 
 `train` is bench/suite.py's train step (fused RC-GRPO step, 2 x 4 x 256 tokens, hidden 256,
 4 layers, vocab 1024, f32); `decode` its batch-32 greedy decode (64 tokens); `sft` the tiny
-demo's stage-1 step (batch 8 x 256, hidden 64, 3 layers, vocab 1024). The program runs under
-`jax.profiler.trace` with XLA:CPU's per-thunk trace events on
+demo's stage-1 step (model, optimizer, batch rows and length from configs/tiny.py). The program
+runs under `jax.profiler.trace` with XLA:CPU's per-thunk trace events on
 (`--xla_cpu_enable_xprof_traceme`); each event is an HLO op of the compiled module, joined with
 its `op_name` metadata from the compiled HLO text (the JAX primitive and its transforms: `jvp`
 forward, `transpose` backward). Printed: wall time per call, the sum of op times (above the
@@ -68,25 +68,30 @@ def _program(what: str):
         step, state, _ = fresh_step(cfg, params, OptimConfig(lr=1e-5, total_steps=100))
         label = "fused RC-GRPO train step, 2 x 4 x 256 tokens, hidden 256, 4 layers"
     else:
+        import importlib.util
+
+        from rcgrpo_jax.stages import setup
         from rcgrpo_jax.train.losses import make_sft_loss
 
-        cfg = models.ModelConfig(
-            vocab_size=1024, hidden_size=64, intermediate_size=256, num_layers=3, num_heads=4,
-            num_kv_heads=2, head_dim=16, rope_theta=100.0, scan_layers=False,
-        )  # fmt: skip
-        params = models.init_params(cfg, jax.random.key(0))
-        optim = OptimConfig(lr=1e-2, warmup_steps=20, total_steps=1000)
+        spec = importlib.util.spec_from_file_location("tiny", HERE.parent / "configs" / "tiny.py")
+        tiny = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(tiny)
+        config = tiny.get_config()  # the demo's own model and stage-1 optimizer
+        cfg, params = setup.model_from_config(config)
+        steps = int(config.train.warm_start_steps)
+        optim = OptimConfig.from_dict(config.train.optim.to_dict(), default_total_steps=steps)
         make = lambda opt, **kw: make_train_step(make_sft_loss(cfg), opt, **kw)
         step, state, _ = fresh_step(cfg, params, optim, make)
         rng = np.random.default_rng(0)
-        b, t = 8, 256
+        b, t = int(config.train.batch_size), int(config.train.seq_len)
         batch = {
-            "tokens": rng.integers(0, 1024, (b, t)).astype(np.int32),
+            "tokens": rng.integers(0, cfg.vocab_size, (b, t)).astype(np.int32),
             "positions": np.tile(np.arange(t, dtype=np.int32), (b, 1)),
             "segments": np.ones((b, t), np.int32),
             "loss_mask": (rng.random((b, t)) < 0.1).astype(np.int32),
         }
-        label = "tiny demo's stage-1 (SFT) step, 8 x 256 tokens, hidden 64, 3 layers"
+        label = f"tiny demo's stage-1 (SFT) step, {b} x {t} tokens, hidden {cfg.hidden_size}, "
+        label += f"{cfg.num_layers} layers, vocab {cfg.vocab_size}"
     batch = {k: jax.device_put(v) for k, v in batch.items()}
     holder = {"state": state}
 

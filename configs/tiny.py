@@ -43,7 +43,7 @@ def get_config():
     c.model.chat_format = "python"
     c.model.dtype = "float32"
     c.model.scan_layers = False  # 3 layers: the unrolled loop is the faster step on CPU
-    # A 1152-token head on 64 wide rows is a small part of the step here: gathering saved ~7%
+    # A 1024-token head on 64 wide rows is a small part of the step here: gathering saved ~7%
     # of a stage-1 step and cost a program per (T, K) bucket (docs/benchmarks.md).
     c.model.gather_head = False
     c.model.arch.vocab_size = 1024
