@@ -8,8 +8,8 @@
     the whole history every turn (what a generate-per-turn rollout does).
 Our compile time is excluded: every shape is run once before timing (warm-up), and the number of
 programs compiled is printed. Times are the best of `--repeats` runs ((a): both sides warmed up,
-then timed in turn) and of `--rollout-repeats` runs ((b)). transformers runs with 1 torch
-thread by default (its fastest setting on a shared 2-core box). CPU only; ~2.5 min on 2 cores.
+then timed in turn) and of `--rollout-repeats` runs ((b)). torch gets as many threads as XLA
+runs on (`--torch-threads` to change it). CPU only; ~2.5 min on 2 cores.
 """
 
 from __future__ import annotations
