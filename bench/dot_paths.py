@@ -32,11 +32,9 @@ MODELS = {  # name: (hidden, layers, heads, head_dim), the suite's and configs/t
 def _best(fn, repeats: int) -> float:
     """Best seconds of `fn` run to completion, after one call that compiles and warms up."""
     import jax
-    from sampler import best_time
+    from sampler import best_times_interleaved
 
-    done = lambda: jax.block_until_ready(fn())  # noqa: E731
-    done()
-    return best_time(done, repeats)[0]
+    return best_times_interleaved((lambda: jax.block_until_ready(fn()),), repeats)[0][0]
 
 
 def child(repeats: int) -> dict[str, float]:

@@ -86,19 +86,15 @@ def hf_generate(model, prompts: list[list[int]], new: int) -> list[list[int]]:
 
 
 def best_time(fn, repeats: int) -> tuple[float, object]:
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - t)
-    return best, result
+    """(best time, last result) of `repeats` calls of `fn`; the caller has warmed it up."""
+    return best_times_interleaved((fn,), repeats, warm_up=False)[0]
 
 
-def best_times_interleaved(fns, repeats: int) -> list[tuple[float, object]]:
-    """(best time, last result) of each of `fns`, after one untimed call each, run in turn for
-    `repeats` rounds: both sides of a comparison see the same moments of a host whose speed
-    drifts, and neither is timed on its first call (allocator and library warm-up)."""
-    results = [fn() for fn in fns]
+def best_times_interleaved(fns, repeats: int, warm_up: bool = True) -> list[tuple[float, object]]:
+    """(best time, last result) of each of `fns`, run in turn for `repeats` rounds after one
+    untimed call each (`warm_up`): both sides of a comparison see the same moments of a host whose
+    speed drifts, and neither is timed on its first call (allocator and library warm-up)."""
+    results = [fn() for fn in fns] if warm_up else [None] * len(fns)
     best = [float("inf")] * len(fns)
     for _ in range(repeats):
         for i, fn in enumerate(fns):

@@ -297,12 +297,12 @@ def ours_train(cfg, params, batch, objective, optim_cfg):
 
     step, state, _ = fresh_step(cfg, params, optim_cfg, objective=objective)
     jbatch = {k: jax.device_put(v) for k, v in batch.items()}
-    holder = {}
-    holder["state"], m = step(state, jbatch)  # the first step (compiles)
+    state, m = step(state, jbatch)  # the first step (compiles)
 
     def run() -> None:
-        holder["state"], m = step(holder["state"], jbatch)
-        jax.block_until_ready(m["loss"])
+        nonlocal state
+        state, out = step(state, jbatch)
+        jax.block_until_ready(out["loss"])
 
     return run, float(m["loss"]), float(m["grad_norm"])
 

@@ -12,7 +12,7 @@ forward, `transpose` backward). Printed: wall time per call, the sum of op times
 wall when ops run on both threads), the time per (primitive, pass) and the slowest ops.
 Like `rcgrpo_jax.main`, it runs with glibc's huge-page tunable (`rcgrpo_jax/host_memory.py`):
 without it, page faults on each call's fresh temporaries land in whichever op first touches
-them (the `sft` step, timed without the profiler: 75-80 ms per call without it, 50-53 ms with).
+them, and a stage-1 step takes ~1.5x as long (timed without the profiler).
 """
 
 from __future__ import annotations
