@@ -224,7 +224,7 @@ def training(
     target = abstract_train_state(optimizer, models.param_shapes(s.cfg), shardings)
     fresh = lambda: init_train_state(
         s.params, optimizer, config.seed, mesh=s.mesh, param_shardings=psh, key=optim.init_key()
-    )  # fmt: skip
+    )
     state, data_state = restore_or_init(ckpt, target, fresh, data_iter)
     return Training(
         s.workdir, s.mesh, s.tokenizer, s.cfg, optim, optimizer, make_schedule(optim),
