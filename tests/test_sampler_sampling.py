@@ -127,3 +127,30 @@ def test_seed_reproducible_and_top1_is_greedy(model, varied_prompts):
     top1 = sampling.generate(CFG, params, varied_prompts, 6, top_k=1, seed=7, **kw)
     assert top1.tokens == greedy.tokens
     assert a.tokens != greedy.tokens
+
+
+def test_argmax_and_categorical_are_jax_own():
+    """`core.argmax`/`core.categorical` (two plain reductions, faster on CPU) give exactly the
+    indices of `jnp.argmax` and the draws of `jax.random.categorical`: ties, NaN, -inf rows,
+    signed zeros, and filtered (-inf) logits included."""
+    from rcgrpo_jax.sampling import core
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((6, 64, 257)).astype(np.float32)
+    x[1] = np.round(x[1])  # many ties
+    x[2, 3, [10, 200]] = np.nan
+    x[2, 4, :] = -np.inf
+    x[2, 5, :] = np.nan
+    x[3] = 0.0
+    x[3, :, ::3] = -0.0
+    x[4] = np.where(x[4] < 0.5, -np.inf, x[4])  # a filtered row
+    x = x.reshape(-1, 257)
+    fast, ref = jax.jit(core.argmax)(x), jax.jit(lambda v: jax.numpy.argmax(v, axis=-1))(x)
+    np.testing.assert_array_equal(np.asarray(fast), np.asarray(ref))
+    assert fast.dtype == np.int32
+
+    keys = jax.random.split(jax.random.key(3), x.shape[0])
+    finite = np.where(np.isnan(x), 0.0, x)
+    got = jax.jit(core.categorical)(keys, finite)
+    want = jax.jit(jax.vmap(jax.random.categorical))(keys, finite)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -177,6 +177,33 @@ def _filter_logits(x: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Arra
     return jnp.where((x < kth) | (x < cutoff), -jnp.inf, x)
 
 
+def argmax(x: jax.Array) -> jax.Array:
+    """`jnp.argmax(x, axis=-1)` as int32, the same index in every case (first maximum; first NaN
+    if any), from two plain reductions. XLA:CPU lowers argmax's paired (value, index) reduction
+    to a scalar loop: ~70 us at [32, 1024], 2% of a batch-32 decode step; this takes ~12 us."""
+    top = jnp.max(x, axis=-1, keepdims=True)
+    index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    hit = (x == top) | jnp.isnan(x)
+    return jnp.min(jnp.where(hit, index, x.shape[-1]), axis=-1)
+
+
+def categorical(keys: jax.Array, x: jax.Array) -> jax.Array:
+    """`vmap(jax.random.categorical)(keys, x)`, the same draws (Gumbel noise from each row's key,
+    plus the logits, argmax), with the argmax above."""
+    noise = jax.vmap(lambda key: jax.random.gumbel(key, x.shape[1:], x.dtype))(keys)
+    return argmax(noise + x)
+
+
+def token_logprob(logits: jax.Array, tok: jax.Array) -> jax.Array:
+    """`jax.nn.log_softmax(logits)[b, tok[b]]` by its own steps (shift by the row's maximum,
+    log-sum-exp of the shifted row), the last subtraction at the picked token only: the same
+    value, without a [B, V] row of log-probs to write and gather from on every decode step."""
+    top = jnp.max(logits, axis=-1, initial=-jnp.inf, keepdims=True)
+    shifted = logits - top
+    lse = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
+    return (jnp.take_along_axis(shifted, tok[:, None], axis=-1) - lse)[:, 0]
+
+
 def sample(
     logits: jax.Array,
     keys: jax.Array,
@@ -190,14 +217,13 @@ def sample(
     The log-prob is under the unfiltered policy, which is what the RL loss uses as old log-probs.
     """
     if mode.kind == "greedy":
-        tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        tok = argmax(logits)
     else:
         x = logits / temperature
         if mode.kind == "filtered":
             x = _filter_logits(x, top_k, top_p)
-        tok = jax.vmap(jax.random.categorical)(keys, x).astype(jnp.int32)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+        tok = categorical(keys, x)
+    return tok, token_logprob(logits, tok)
 
 
 def _row_keys(base: jax.Array, traj: jax.Array, n_sampled: jax.Array) -> jax.Array:
