@@ -129,10 +129,11 @@ def test_seed_reproducible_and_top1_is_greedy(model, varied_prompts):
     assert a.tokens != greedy.tokens
 
 
-def test_argmax_and_categorical_are_jax_own():
+def test_argmax_categorical_and_token_logprob_are_jax_own():
     """`core.argmax`/`core.categorical` (two plain reductions, faster on CPU) give exactly the
-    indices of `jnp.argmax` and the draws of `jax.random.categorical`: ties, NaN, -inf rows,
-    signed zeros, and filtered (-inf) logits included."""
+    indices of `jnp.argmax` and the draws of `jax.random.categorical` (ties, NaN, -inf rows,
+    signed zeros and filtered (-inf) logits included), and `core.token_logprob` exactly the
+    picked entries of `jax.nn.log_softmax`."""
     from rcgrpo_jax.sampling import core
 
     rng = np.random.default_rng(7)
@@ -154,3 +155,10 @@ def test_argmax_and_categorical_are_jax_own():
     got = jax.jit(core.categorical)(keys, finite)
     want = jax.jit(jax.vmap(jax.random.categorical))(keys, finite)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+    tok = rng.integers(0, 257, finite.shape[0])
+    got_lp = jax.jit(core.token_logprob)(finite, tok)
+    want_lp = jax.jit(lambda v, t: jax.numpy.take_along_axis(jax.nn.log_softmax(v), t[:, None], 1))(
+        finite, tok
+    )[:, 0]
+    np.testing.assert_array_equal(np.asarray(got_lp), np.asarray(want_lp))
