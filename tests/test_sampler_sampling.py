@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from rcgrpo_jax import models, sampling
+from rcgrpo_jax.sampling import core
 
 CFG = models.ModelConfig(
     vocab_size=8,
@@ -134,8 +136,6 @@ def test_argmax_categorical_and_token_logprob_are_jax_own():
     indices of `jnp.argmax` and the draws of `jax.random.categorical` (ties, NaN, -inf rows,
     signed zeros and filtered (-inf) logits included), and `core.token_logprob` exactly the
     picked entries of `jax.nn.log_softmax`."""
-    from rcgrpo_jax.sampling import core
-
     rng = np.random.default_rng(7)
     x = rng.standard_normal((6, 64, 257)).astype(np.float32)
     x[1] = np.round(x[1])  # many ties
@@ -146,7 +146,7 @@ def test_argmax_categorical_and_token_logprob_are_jax_own():
     x[3, :, ::3] = -0.0
     x[4] = np.where(x[4] < 0.5, -np.inf, x[4])  # a filtered row
     x = x.reshape(-1, 257)
-    fast, ref = jax.jit(core.argmax)(x), jax.jit(lambda v: jax.numpy.argmax(v, axis=-1))(x)
+    fast, ref = jax.jit(core.argmax)(x), jax.jit(lambda v: jnp.argmax(v, axis=-1))(x)
     np.testing.assert_array_equal(np.asarray(fast), np.asarray(ref))
     assert fast.dtype == np.int32
 
@@ -158,7 +158,6 @@ def test_argmax_categorical_and_token_logprob_are_jax_own():
 
     tok = rng.integers(0, 257, finite.shape[0])
     got_lp = jax.jit(core.token_logprob)(finite, tok)
-    want_lp = jax.jit(lambda v, t: jax.numpy.take_along_axis(jax.nn.log_softmax(v), t[:, None], 1))(
-        finite, tok
-    )[:, 0]
+    pick = lambda v, t: jnp.take_along_axis(jax.nn.log_softmax(v), t[:, None], axis=1)[:, 0]
+    want_lp = jax.jit(pick)(finite, tok)
     np.testing.assert_array_equal(np.asarray(got_lp), np.asarray(want_lp))
