@@ -28,9 +28,11 @@ def get_config():
     # - clone_text: enter, list, read a file, write its words into a new file.
     # Folders, files and new names come from disjoint syllables (`name_roles`): the agent finds
     # a name by its role (and, in a folder of two files, its extension), not by its position,
-    # and that copy forms within ~1000 steps on every seed measured. clone_text's words share
-    # one role and must be copied in order, which the tiny model does not learn (0% on every
-    # seed measured): it keeps stage 1 below the ceiling.
+    # and that copy forms within ~1000 steps on every seed measured on 2 cores (on 1 core, whose
+    # rounding differs, two warm starts in five ended at 21% and 27%:
+    # docs/experiments/tiny_default.md). clone_text's words share one role and must be copied
+    # in order, which the tiny model does not learn (0% on every seed measured): it keeps
+    # stage 1 below the ceiling.
     c.env.synthetic.difficulty.turns = (1, 1)
     c.env.synthetic.difficulty.templates = (
         "count_top", "copy_top", "rename_top", "rename_by_ext", "clone_text",
