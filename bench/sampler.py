@@ -33,6 +33,7 @@ except ImportError:  # pragma: no cover - depends on the machine
     torch = None
 
 from rcgrpo_jax import models, sampling  # noqa: E402
+from rcgrpo_jax.machine import usable_cores  # noqa: E402
 
 VOCAB, HIDDEN, LAYERS = 1024, 256, 4
 PAD = 0
@@ -221,11 +222,6 @@ def rollout_rows(cfg, params, model, prompt_len: tuple[int, int], reps: int) -> 
     ]
 
 
-def jax_threads() -> int:
-    """Threads XLA:CPU runs on: the cores this process may use (its CPU affinity)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=2, help="timed runs of (a); best is kept")
@@ -245,7 +241,7 @@ def main() -> None:
         help="torch intra-op threads (default: the cores JAX uses, for a fair ratio)",
     )
     args = ap.parse_args()
-    torch.set_num_threads(args.torch_threads or jax_threads())
+    torch.set_num_threads(args.torch_threads or usable_cores())
 
     tmp = Path(tempfile.mkdtemp())
     model = make_model(tmp)

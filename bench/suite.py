@@ -36,7 +36,6 @@ import copy
 import datetime
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -152,24 +151,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def cpu_model() -> str:
-    """The CPU's name, family/model and vector ISA: "AMD EPYC" alone hides whether it is a Zen 4
-    (AVX-512 on 256-bit units) or a Zen 5 (full-width), and the two differ ~2x in f32 peak."""
-    try:
-        info = {}
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            info.setdefault(key.strip(), value.strip())
-    except OSError:
-        return platform.processor() or platform.machine()
-    flags = set(info.get("flags", "").split())
-    isa = [f for f in ("avx2", "avx512f", "amx_tile") if f in flags]
-    return (
-        f"{info.get('model name', platform.machine())} (family {info.get('cpu family', '?')} "
-        f"model {info.get('model', '?')}; {' '.join(isa) or 'no avx2'})"
-    )
 
 
 def fmt_rate(x: float | None, unit: str = "tok/s") -> str:
@@ -435,6 +416,7 @@ def main(argv=None) -> int:
 
     from rcgrpo_jax import models, sampling
     from rcgrpo_jax.config import base_config
+    from rcgrpo_jax.machine import cpu, cpu_line, usable_cores
     from rcgrpo_jax.stages.setup import objective_from_config
     from rcgrpo_jax.tools import plan
     from rcgrpo_jax.train.optim import OptimConfig
@@ -444,7 +426,7 @@ def main(argv=None) -> int:
     jdtype = jnp.bfloat16 if bf16 else jnp.float32
     shape_kw = SHAPES[args.shape]
 
-    jax_threads = sb.jax_threads()
+    jax_threads = usable_cores()
     # ---- the PyTorch side: available? where?
     torch = None
     why_no_torch = ""
@@ -503,7 +485,7 @@ def main(argv=None) -> int:
     cfg_train = cfg.replace(dtype="bfloat16" if bf16 else cfg.dtype, scan_layers=args.scan_layers)
 
     dev = jax.devices()[0]
-    machine = f"{cpu_model()}, {os.cpu_count()} cores"
+    machine = f"{cpu_line(cpu())}, {os.cpu_count()} cores"
     if dev.platform != "cpu":
         machine = f"{dev.device_kind} ({dev.platform}); host {machine}"
     torch_desc = (

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from conftest import REPO, xla_flags
 
-from rcgrpo_jax import models
+from rcgrpo_jax import machine, models
 from rcgrpo_jax.rl.advantages import sample_reward_tokens
 from rcgrpo_jax.stages import all as experiment
 from rcgrpo_jax.stages.rl import shuffled
@@ -183,7 +183,14 @@ def test_experiment_summary_and_table(run_all):
         "sft_grpo_shuffled", "rctp_rcgrpo_shuffled", "rctp_rcgrpo_lr0",
     }  # fmt: skip
     table = experiment.format_table(on_disk) + "\n" + experiment.format_targets(on_disk["targets"])
-    assert (root / "table.txt").read_text().strip() == table.strip()
+    *head, last = (root / "table.txt").read_text().strip().splitlines()
+    assert "\n".join(head) == table.strip()
+    # every stage ran here, so the table names one machine: the one the figures came from
+    assert last == f"figures from: {machine.one_line(on_disk['machine'])}"
+    assert on_disk["machine"]["cores"] == machine.usable_cores()
+    for name in on_disk["arms"]:
+        stage = json.loads((root / name / "summary.json").read_text())
+        assert stage["machine"] == on_disk["machine"], name
     assert on_disk["targets"] == experiment.targets(on_disk["arms"])
     for row in on_disk["arms"].values():
         assert 0.0 <= row["heldout_success"] <= 1.0

@@ -22,7 +22,7 @@ Each stage runs in its own sub-directory of the workdir (`sft/`, `rctp/`, ...) a
 on its own; a finished stage (its `summary.json` exists) is not run again. Every RL arm gets the
 same budget of generated trajectories (`rl.max_rollouts`, default steps x P x G) and at most
 `rl.steps` iterations; the dynamic arm spends its budget faster, so it may run fewer.
-Results: `summary.json` (per arm, and the demo's three targets), a printed table, and
+Results: `summary.json` (per arm, the demo's three targets, the machine), a printed table, and
 `dynamics.png` (reward, degenerate-group fraction, entropy per RL iteration, one line per arm)
 and `rl.png` (held-out success at the evaluations, training reward under each token, degenerate
 fraction, entropy, and entropy against reward, per arm).
@@ -38,6 +38,7 @@ from typing import Any
 
 import ml_collections
 
+from rcgrpo_jax import machine
 from rcgrpo_jax.stages import setup
 from rcgrpo_jax.train import plots
 from rcgrpo_jax.train.metrics import write_atomic
@@ -129,7 +130,8 @@ def _base_success(config: ml_collections.ConfigDict) -> float:
     model = setup.model_from_config(c, mesh)
     entries = setup.task_entries(c, "test")[: int(c.eval.max_entries) or None]
     rate = success_rate(c, model, tokenizer, mesh, entries, None)
-    write_atomic(done, json.dumps({"heldout_success": rate}) + "\n")  # "done" marks the arm
+    record = {"heldout_success": rate, "machine": machine.describe()}
+    write_atomic(done, json.dumps(record) + "\n")  # "done" marks the arm
     return rate
 
 
@@ -200,6 +202,18 @@ def targets(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def format_machines(current: dict[str, Any], stages: dict[str, Any]) -> str:
+    """Where the figures came from: this invocation's machine, and any stage whose recorded
+    machine differs (a run resumed elsewhere, or a stage written before machines were
+    recorded), since the rounding of each machine is in its figures."""
+    line = f"figures from: {machine.one_line(current)}"
+    others: dict[str, list[str]] = {}
+    for name, m in stages.items():
+        if m != current:
+            others.setdefault(machine.one_line(m), []).append(name)
+    return line + "".join(f"; {', '.join(names)}: {m}" for m, names in others.items())
+
+
 def format_targets(t: dict[str, Any]) -> str:
     mark = lambda ok: "-" if ok is None else ("yes" if ok else "NO")
     moved = ", ".join(f"{k} {100 * v:+.1f}" for k, v in t["moved"].items())
@@ -262,8 +276,19 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         "rl_iterations": int(config.rl.steps),
         "rollouts_per_iteration": int(config.rl.num_prompts) * int(config.rl.group_size),
         "wall_s": round(time.time() - t0, 1),  # this invocation (a resumed run: its part)
+        "machine": machine.describe(),  # this invocation's; each stage's is in its summary
     }
-    table = format_table(summary) + "\n" + format_targets(summary["targets"])
+    stages = {
+        name: json.loads((workdir / name / "summary.json").read_text()).get("machine")
+        for name in arms
+    }
+    table = "\n".join(
+        (
+            format_table(summary),
+            format_targets(summary["targets"]),
+            format_machines(summary["machine"], stages),
+        )
+    )
     summary["table"] = table
     write_atomic(workdir / "summary.json", json.dumps(summary, indent=1) + "\n")
     write_atomic(workdir / "table.txt", table + "\n")

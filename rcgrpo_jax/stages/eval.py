@@ -4,7 +4,7 @@ environment (BFCL v4 multi-turn: our BFCL checker).
 Writes under `<workdir>/eval/<split>-<policy>/`:
 - `entries.jsonl`: one line per entry (id, category, reward, state_ok, action_ok, error_type,
   error_turn, steps, decoded);
-- `summary.json`: per-category and overall accuracy (%), error counts, wall time;
+- `summary.json`: per-category and overall accuracy (%), error counts, wall time, the machine;
 - `table.txt`: the one-screen table that is also printed.
 
 The table's header is the environment's `title` and the error counts are of its
@@ -30,6 +30,7 @@ from typing import Any
 
 import ml_collections
 
+from rcgrpo_jax import machine
 from rcgrpo_jax.envs import Episode, EpisodeSettings, policies
 from rcgrpo_jax.envs.reward import ERROR_TYPES, RewardResult
 from rcgrpo_jax.envs.reward_tokens import NONE
@@ -343,6 +344,7 @@ def run(
         "chat_format": chat_format,
         **summarize(records, categories, tuple(getattr(env, "error_types", ()))),
         "wall_time_s": time.perf_counter() - start,
+        "machine": machine.describe(),
     }
 
     out_dir = Path(config.workdir) / "eval" / f"{split}-{policy_name}"

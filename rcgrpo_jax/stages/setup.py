@@ -235,10 +235,11 @@ def training(
 def finish(t: Training, params: Any, summary: dict[str, Any], line: str = "") -> None:
     """Exports `params` with the tokenizer as an HF directory (`t.export_dir`) and writes
     `summary` as `<workdir>/summary.json`, which marks the stage done, with the stage's wall
-    and compile time (`time`); prints `line`, the stage's one end line, followed by that time.
+    and compile time (`time`) and the machine it ran on (`machine`); prints `line`, the
+    stage's one end line, followed by that time.
     Every process takes part in gathering params sharded over several; process 0 alone writes;
     every process returns once the outputs exist."""
-    from rcgrpo_jax import distributed, models
+    from rcgrpo_jax import distributed, machine, models
     from rcgrpo_jax.train.metrics import write_atomic, writing
 
     final = params if distributed.process_count() == 1 else distributed.host_tree(params)
@@ -248,6 +249,7 @@ def finish(t: Training, params: Any, summary: dict[str, Any], line: str = "") ->
         time = None if t.span is None else t.span.summary()
         if time is not None:
             summary = {**summary, "time": time}
+        summary = {**summary, "machine": machine.describe()}
         text = json.dumps(summary, indent=1, default=str) + "\n"
         write_atomic(t.workdir / "summary.json", text)
         if line:

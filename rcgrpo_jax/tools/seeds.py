@@ -18,7 +18,8 @@ against SFT → GRPO and against RCTP → GRPO (the same start without condition
 SFT → RC-GRPO against SFT → GRPO; an arm against its shuffled-reward control (RL that learns
 from the reward moves more than RL that does not); and the lr-0 control's change, which must be
 exactly 0 (else the start and end evaluations differ for reasons other than training).
-Printed, and written to `<workdir>/seeds.txt` and `<workdir>/seeds.json`. On the synthetic
+Printed, with the machine each run came from (CPU, cores, `XLA_FLAGS`: each changes the
+rounding), and written to `<workdir>/seeds.txt` and `<workdir>/seeds.json`. On the synthetic
 environment each seed also draws its own tasks (`env.synthetic.seed` = the seed), so the
 held-out set varies with the seed and is the same for every arm of one seed.
 """
@@ -37,7 +38,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from rcgrpo_jax import config_check, logs
+from rcgrpo_jax import config_check, logs, machine
 from rcgrpo_jax.errors import UserError
 
 TARGETS = ("sft_in_band", "rctp_controllable", "rcgrpo_less_degenerate")
@@ -203,6 +204,13 @@ def format_report(per_run: Runs, agg: dict[str, Any]) -> str:
     )
     same = "; ".join(f"{d} is bit-identical to {k}: counted once" for d, k in agg["dropped"])
     lines.append(f"distinct runs: {n} (dropped: {same or 'none'})")
+    machines: dict[str, list[str]] = {}
+    for label, s in per_run.items():
+        machines.setdefault(machine.one_line(s.get("machine")), []).append(str(label))
+    if len(machines) == 1:
+        lines.append(f"machine: {next(iter(machines))}")
+    else:
+        lines += [f"machine: {m} ({', '.join(labels)})" for m, labels in machines.items()]
 
     arms = agg["arms"]
     cols = [("start_success", "start %"), ("heldout_success", "end %"), ("change", "change pts")]
