@@ -1,8 +1,8 @@
 """The package's layering, read from the code's own imports (module-level and function-local).
 
 A library layer imports only layers below it: models ← sampling; models, envs ← data ← train ←
-rl ← stages ← tools ← main. `config`, `errors`, `distributed`, `logs`, `host_memory` and
-`compilation` are usable from anywhere and import none of the layers.
+rl ← stages ← tools ← main. `config`, `errors`, `distributed`, `logs`, `host_memory`,
+`compilation` and `machine` are usable from anywhere and import none of the layers.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ RANK = {
     "assets": 0, "models": 0, "sampling": 1, "envs": 1, "data": 2, "train": 3, "rl": 4,
     "stages": 5, "config_check": 5, "tools": 6, "main": 7,
 }  # fmt: skip
-ANYWHERE = {"config", "errors", "distributed", "logs", "host_memory", "compilation", "__init__"}
+ANYWHERE = {
+    "config", "errors", "distributed", "logs", "host_memory", "compilation", "machine", "__init__",
+}  # fmt: skip
 
 
 def unit(module: str) -> str:
