@@ -71,26 +71,14 @@ def child(repeats: int) -> dict[str, float]:
 
     sys.path.insert(0, str(HERE.parent))
     import suite
-    from steps import fresh_step
 
     from rcgrpo_jax import models, sampling
-    from rcgrpo_jax.train.optim import OptimConfig
 
-    out = {}
-    a, b = (jax.random.normal(k, (2048, 2048)) for k in jax.random.split(jax.random.key(2)))
-    matmul = jax.jit(jnp.dot)
-    out["matmul, f32 2048 x 2048"] = _best(lambda: matmul(a, b), repeats)
+    out = {"matmul, f32 2048 x 2048": 2 * 2048**3 / suite.jax_peak(2048, jnp.float32, repeats)}
     cfg = model_config(models, "suite")
     params = models.init_params(cfg, jax.random.key(0))
-    batch = {k: jax.device_put(v) for k, v in suite.rl_batch(cfg, params, 2, 4, 256).items()}
-    step, state, _ = fresh_step(cfg, params, OptimConfig(lr=1e-5, total_steps=100))
-    holder = [state]
-
-    def train():
-        holder[0], m = step(holder[0], batch)
-        return m
-
-    out[LOSS] = float(train()["loss"])
+    batch = suite.rl_batch(cfg, params, 2, 4, 256)
+    train, out[LOSS], _ = suite.ours_train(cfg, params, batch, *suite.train_settings())
     out["train step, 2 x 4 x 256 tokens, suite's model"] = _best(train, repeats)
     w1 = jax.random.normal(jax.random.key(0), (256, 1024)) / 16
     w2 = jax.random.normal(jax.random.key(1), (1024, 256)) / 32

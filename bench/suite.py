@@ -271,6 +271,17 @@ def rl_batch(cfg, params, P: int, G: int, T: int, seed: int = 0) -> dict:
     }
 
 
+def train_settings():
+    """(objective, optimizer config) of the timed train step: the base config's objective (grpo,
+    what torch_train mirrors), AdamW at lr 1e-5 without decay, clipping at 1."""
+    from rcgrpo_jax.config import base_config
+    from rcgrpo_jax.stages.setup import objective_from_config
+    from rcgrpo_jax.train.optim import OptimConfig
+
+    objective = objective_from_config(base_config().rl)
+    return objective, OptimConfig(lr=1e-5, total_steps=10**6, weight_decay=0.0, clip_norm=1.0)
+
+
 def ours_train(cfg, params, batch, objective, optim_cfg):
     """(one more step, synchronous; first-step loss; first-step grad norm) of our fused step."""
     import jax
@@ -415,11 +426,8 @@ def main(argv=None) -> int:
     import sampler as sb  # bench/sampler.py: make_model, hf_generate, rollout plan and loops
 
     from rcgrpo_jax import models, sampling
-    from rcgrpo_jax.config import base_config
     from rcgrpo_jax.machine import cpu, cpu_line, usable_cores
-    from rcgrpo_jax.stages.setup import objective_from_config
     from rcgrpo_jax.tools import plan
-    from rcgrpo_jax.train.optim import OptimConfig
 
     mode = MODES[args.mode]
     bf16 = args.dtype == "bf16"
@@ -536,8 +544,7 @@ def main(argv=None) -> int:
 
     # ---- train step
     P, G, T = mode["P"], mode["G"], mode["T"]
-    objective = objective_from_config(base_config().rl)  # grpo: what torch_train mirrors
-    optim_cfg = OptimConfig(lr=1e-5, total_steps=10**6, weight_decay=0.0, clip_norm=1.0)
+    objective, optim_cfg = train_settings()
     batch = rl_batch(cfg, params, P, G, T)
     # Both sides' steps timed in turn (best of `steps`), so a drift in the host's speed meets both.
     run_o, loss_o, gn_o = ours_train(cfg_train, params, batch, objective, optim_cfg)
