@@ -624,6 +624,7 @@ def main(argv=None) -> int:
     for bsz in (8, 32):
         prompts = [rng.integers(1, vocab, int(rng.integers(16, 49))).tolist() for _ in range(bsz)]
         run_ours = lambda p=prompts: sampling.generate(cfg_dec, params_dec, p, new)  # noqa: B023
+        lanes = sampling.generate_lanes(bsz, models.params_mesh(params_dec))
         compiles = sampling.compile_count()
         run_ours()  # compiles this batch's shapes
         compiles = sampling.compile_count() - compiles
@@ -644,6 +645,7 @@ def main(argv=None) -> int:
                 fmt_ratio(r),
                 target(None if r is None else r >= 2.0, "≥ 2.0x") if bsz == 32 else "—",
                 ("" if same is None else f"rows identical: {same:.0%}; best of {reps}, in turn; ")
+                + f"ours in {lanes} lane(s) (`sampling.generate_lanes`); "
                 + f"{compiles} programs compiled in warm-up",
             )
         )

@@ -305,6 +305,49 @@ def test_compile_count_bounded(loaded):
     assert sampling.compile_count() - before == first
 
 
+def test_generate_lanes_split_rows_over_threads(loaded, monkeypatch):
+    """`generate` with lanes > 1 runs one Session per lane (contiguous rows, each on its own
+    thread) and returns the rows in order, with the tokens, stop hits and sampled streams of one
+    session; log-probs to 1e-6 (a smaller batch may round the last bit otherwise). The default
+    is one lane per core, each of at least `batch_min` rows, and one on a mesh."""
+    import threading
+
+    cfg, params = loaded["qwen2"]
+    prompts = _prompts(cfg.vocab_size, lens=(5, 17, 11, 6, 9, 3, 14, 8, 12, 4), seed=8)
+    seen: list[tuple[int, int, int]] = []  # (thread, first row, rows) of each session's turn
+    decode_turn = sampling.Session.decode_turn
+
+    def spy(self, *args, **kwargs):
+        seen.append((threading.get_ident(), self._first_row, len(self.live_rows)))
+        return decode_turn(self, *args, **kwargs)
+
+    monkeypatch.setattr(sampling.Session, "decode_turn", spy)
+    stops = {0: [7], 4: [11, 12], 9: [5]}  # per-row sets, keyed by generate's row ids
+    for kw in ({}, {"temperature": 1.0, "seed": 4}):
+        one = sampling.generate(cfg, params, prompts, 12, stop_token_ids=stops, buckets=BUCKETS,
+                                lanes=1, **kw)  # fmt: skip
+        for lanes in (2, 3):
+            seen.clear()
+            got = sampling.generate(cfg, params, prompts, 12, stop_token_ids=stops,
+                                    buckets=BUCKETS, lanes=lanes, **kw)  # fmt: skip
+            size = -(-len(prompts) // lanes)
+            assert sorted(s[1:] for s in seen) == [
+                (lo, min(size, len(prompts) - lo)) for lo in range(0, len(prompts), size)
+            ]
+            assert len({s[0] for s in seen}) == lanes  # each lane on a thread of its own
+            assert (got.tokens, got.stopped, got.lengths) == (one.tokens, one.stopped, one.lengths)
+            for a, b in zip(got.logprobs, one.logprobs, strict=True):
+                np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    cores = sampling.session.machine.usable_cores()
+    assert sampling.generate_lanes(10, None, BUCKETS) == min(cores, 10 // BUCKETS.batch_min)
+    assert sampling.generate_lanes(3, None, BUCKETS) == 1
+    assert sampling.generate_lanes(64, models.make_mesh((1, 1, 1), jax.devices()[:1])) == 1
+    with pytest.raises(ValueError, match="lanes must be >= 1"):
+        sampling.generate(cfg, params, prompts, 4, buckets=BUCKETS, lanes=0)
+    with pytest.raises(ValueError, match="2 per-row stop sets for 10 rows"):
+        sampling.generate(cfg, params, prompts, 4, stop_token_ids=[[1], [2]], buckets=BUCKETS)
+
+
 def test_capacity_and_input_errors(loaded):
     cfg, params = loaded["qwen2"]
     # trajectories of up to 224 tokens: 224 + one (padded) prefill chunk of 32 slots

@@ -1,8 +1,9 @@
 """Sampler: jitted KV-cache generation for ragged batches, with multi-turn cache continuation.
 
-`generate` is the one-shot entry point; `Session` keeps each trajectory's cache alive across
-turns for multi-turn rollouts (see `session` for the driving loop); `core` holds the pure jitted
-programs over the `RolloutState` pytree.
+`generate` is the one-shot entry point (on a CPU, its rows split over one session per core);
+`Session` keeps each trajectory's cache alive across turns for multi-turn rollouts (see
+`session` for the driving loop); `core` holds the pure jitted programs over the `RolloutState`
+pytree.
 """
 
 from rcgrpo_jax.sampling.core import (
@@ -22,6 +23,7 @@ from rcgrpo_jax.sampling.session import (
     batch_capacity,
     cache_capacity,
     generate,
+    generate_lanes,
     length_bucket,
 )
 
@@ -40,5 +42,6 @@ __all__ = [
     "state_logical_axes",
     "state_shapes",
     "generate",
+    "generate_lanes",
     "length_bucket",
 ]

@@ -233,8 +233,9 @@ def _row_keys(base: jax.Array, traj: jax.Array, n_sampled: jax.Array) -> jax.Arr
     )
 
 
-# XLA's default dot path on every backend: on CPU that is YNNPACK, whose GEMMs at decode's small
-# M use every core where Eigen's use one (`python bench/dot_paths.py` measures the two).
+# XLA's default dot path on every backend: on CPU that is YNNPACK, the fastest at decode's small M
+# (`python bench/dot_paths.py`). A decode step is a chain of such GEMMs that keeps about one core
+# busy whatever the path, so `session.generate` runs a CPU batch as one session per core.
 @functools.partial(
     jax.jit,
     static_argnums=(0, 1, 2),

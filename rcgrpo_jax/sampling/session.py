@@ -23,6 +23,7 @@ finished rows stop costing compute wherever the shapes allow.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -31,7 +32,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from rcgrpo_jax import distributed, models
+from rcgrpo_jax import distributed, machine, models
 from rcgrpo_jax.models.config import ModelConfig
 from rcgrpo_jax.sampling import core
 
@@ -430,18 +431,12 @@ class Session:
         return toks
 
     def _per_row_stops(self, stop_token_ids: StopIds, rows: Sequence[int]) -> dict[int, list[int]]:
-        if isinstance(stop_token_ids, Mapping):
-            per = {r: list(stop_token_ids.get(r, ())) for r in rows}
-        elif len(stop_token_ids) and not isinstance(stop_token_ids[0], int | np.integer):
-            if len(stop_token_ids) != len(self._hist):
-                raise ValueError(
-                    f"{len(stop_token_ids)} per-row stop sets for {len(self._hist)} rows"
-                )
-            per = {r: list(stop_token_ids[r]) for r in rows}
-        else:
-            per = dict.fromkeys(rows, list(stop_token_ids))
+        per = _stops_per_row(stop_token_ids, len(self._hist))
         return {
-            r: self._check_tokens(sorted(set(s)), f"stop set of row {r}") for r, s in per.items()
+            r: self._check_tokens(
+                sorted(set(stop_token_ids if per is None else per[r])), f"stop set of row {r}"
+            )
+            for r in rows
         }
 
     def _ensure_capacity(self, rows: Sequence[int], extra: Mapping[int, int], idle: int) -> None:
@@ -537,30 +532,71 @@ def generate(
     seed: int = 0,
     mesh: Mesh | None = None,
     buckets: Buckets = Buckets(),  # noqa: B008 (frozen dataclass)
+    lanes: int | None = None,
 ) -> Generation:
     """Samples up to `max_new_tokens` per prompt (ragged prompts, one jitted prefill + decode).
 
     stop_token_ids: one set for all rows or one per row; a row stops after its first stop token,
     which is kept. Log-probs are under the policy at temperature 1 (the RL "old log-probs").
+
+    `lanes`: sessions the rows are split over, run side by side in threads (contiguous rows,
+    each drawing its own random streams, so the same samples whatever the split). None: one per
+    usable core on a single-device CPU run (`generate_lanes`), else 1. XLA:CPU runs one
+    session's decode step, a chain of small GEMMs, on about one core; two sessions keep two busy.
     """
-    sess = Session(
-        cfg,
-        params,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        seed=seed,
-        mesh=mesh,
-        buckets=buckets,
-    )
-    rows = sess.start(prompts, reserve=max_new_tokens)
-    turn = sess.decode_turn(max_new_tokens, stop_token_ids)
+    n = len(prompts)
+    if not n:
+        raise ValueError("no prompts")
+    if mesh is None:
+        mesh = models.params_mesh(params)
+    lanes = generate_lanes(n, mesh, buckets) if lanes is None else int(lanes)
+    if lanes < 1:
+        raise ValueError(f"lanes must be >= 1, got {lanes}")
+    per_row = _stops_per_row(stop_token_ids, n)
+    size = -(-n // lanes)
+    parts = [range(lo, min(lo + size, n)) for lo in range(0, n, size)]
+
+    def run(part: range) -> TurnOutput:
+        sess = Session(
+            cfg, params, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+            mesh=mesh, buckets=buckets, first_row=part.start,
+        )  # fmt: skip
+        sess.start([prompts[r] for r in part], reserve=max_new_tokens)
+        stops = stop_token_ids if per_row is None else [per_row[r] for r in part]
+        return sess.decode_turn(max_new_tokens, stops)
+
+    if len(parts) == 1:
+        turns = [run(parts[0])]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(len(parts)) as pool:
+            turns = list(pool.map(run, parts))
+    rows = [(turn, r - part.start) for turn, part in zip(turns, parts, strict=True) for r in part]
     return Generation(
-        tokens=[turn.tokens[r] for r in rows],
-        logprobs=[turn.logprobs[r] for r in rows],
-        lengths=[len(turn.tokens[r]) for r in rows],
-        stopped=[turn.stopped[r] for r in rows],
+        tokens=[t.tokens[r] for t, r in rows],
+        logprobs=[t.logprobs[r] for t, r in rows],
+        lengths=[len(t.tokens[r]) for t, r in rows],
+        stopped=[t.stopped[r] for t, r in rows],
     )
+
+
+def generate_lanes(rows: int, mesh: Mesh | None, buckets: Buckets = Buckets()) -> int:  # noqa: B008
+    """`generate`'s default split: one lane per usable core, each of at least
+    `buckets.batch_min` rows (smaller lanes would be padded to it), on a single-process,
+    single-device CPU run; 1 elsewhere (a mesh already spreads the rows)."""
+    if mesh is not None or distributed.process_count() > 1 or jax.default_backend() != "cpu":
+        return 1
+    return max(1, min(machine.usable_cores(), rows // buckets.batch_min))
+
+
+def _stops_per_row(stop_token_ids: StopIds, n: int) -> list[list[int]] | None:
+    """Per-row stop sets indexed by row, or None when one set serves every row."""
+    if isinstance(stop_token_ids, Mapping):
+        return [list(stop_token_ids.get(r, ())) for r in range(n)]
+    if len(stop_token_ids) and not isinstance(stop_token_ids[0], int | np.integer):
+        if len(stop_token_ids) != n:
+            raise ValueError(f"{len(stop_token_ids)} per-row stop sets for {n} rows")
+        return [list(s) for s in stop_token_ids]
+    return None
 
 
 __all__ = [
@@ -573,5 +609,6 @@ __all__ = [
     "batch_capacity",
     "cache_capacity",
     "generate",
+    "generate_lanes",
     "length_bucket",
 ]
