@@ -341,7 +341,9 @@ def test_generate_lanes_split_rows_over_threads(loaded, monkeypatch):
     cores = sampling.session.machine.usable_cores()
     assert sampling.generate_lanes(10, None, BUCKETS) == min(cores, 10 // BUCKETS.batch_min)
     assert sampling.generate_lanes(3, None, BUCKETS) == 1
-    assert sampling.generate_lanes(64, models.make_mesh((1, 1, 1), jax.devices()[:1])) == 1
+    one, two = (models.make_mesh((n, 1, 1), jax.devices()[:n]) for n in (1, 2))
+    assert sampling.generate_lanes(64, one) == min(cores, 8)
+    assert sampling.generate_lanes(64, two) == 1
     with pytest.raises(ValueError, match="lanes must be >= 1"):
         sampling.generate(cfg, params, prompts, 4, buckets=BUCKETS, lanes=0)
     with pytest.raises(ValueError, match="2 per-row stop sets for 10 rows"):

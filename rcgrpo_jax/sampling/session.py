@@ -581,9 +581,11 @@ def generate(
 
 def generate_lanes(rows: int, mesh: Mesh | None, buckets: Buckets = Buckets()) -> int:  # noqa: B008
     """`generate`'s default split: one lane per usable core, each of at least
-    `buckets.batch_min` rows (smaller lanes would be padded to it), on a single-process,
-    single-device CPU run; 1 elsewhere (a mesh already spreads the rows)."""
-    if mesh is not None or distributed.process_count() > 1 or jax.default_backend() != "cpu":
+    `buckets.batch_min` rows (smaller lanes would be padded to it), on a single-process run on
+    one CPU device; 1 elsewhere (a mesh of several devices already spreads the rows)."""
+    if mesh is not None and mesh.size > 1:
+        return 1
+    if distributed.process_count() > 1 or jax.default_backend() != "cpu":
         return 1
     return max(1, min(machine.usable_cores(), rows // buckets.batch_min))
 
