@@ -539,10 +539,11 @@ def generate(
     stop_token_ids: one set for all rows or one per row; a row stops after its first stop token,
     which is kept. Log-probs are under the policy at temperature 1 (the RL "old log-probs").
 
-    `lanes`: sessions the rows are split over, run side by side in threads (contiguous rows,
-    each drawing its own random streams, so the same samples whatever the split). None: one per
-    usable core on a single-device CPU run (`generate_lanes`), else 1. XLA:CPU runs one
-    session's decode step, a chain of small GEMMs, on about one core; two sessions keep two busy.
+    `lanes`: sessions the rows are split over, run side by side in threads (contiguous rows, each
+    drawing its own random stream, so the tokens do not depend on the split; a smaller batch may
+    round a log-prob's last bit otherwise). None: one per usable core on a run on one CPU device
+    (`generate_lanes`), else 1. XLA:CPU runs one session's decode step, a chain of small GEMMs,
+    on about one core; two sessions keep two busy.
     """
     n = len(prompts)
     if not n:
