@@ -309,7 +309,7 @@ def test_generate_lanes_split_rows_over_threads(loaded, monkeypatch):
     """`generate` with lanes > 1 runs one Session per lane (contiguous rows, each on its own
     thread) and returns the rows in order, with the tokens, stop hits and sampled streams of one
     session; log-probs to 1e-6 (a smaller batch may round the last bit otherwise). The default
-    is one lane per core, each of at least `batch_min` rows, and one on a mesh."""
+    is one lane per core, each of at least `batch_min` rows, and one on a multi-device mesh."""
     import threading
 
     cfg, params = loaded["qwen2"]
@@ -323,7 +323,9 @@ def test_generate_lanes_split_rows_over_threads(loaded, monkeypatch):
 
     monkeypatch.setattr(sampling.Session, "decode_turn", spy)
     stops = {0: [7], 4: [11, 12], 9: [5]}  # per-row sets, keyed by generate's row ids
-    for kw in ({}, {"temperature": 1.0, "seed": 4}):
+    mesh1, mesh2 = (models.make_mesh((n, 1, 1), jax.devices()[:n]) for n in (1, 2))
+    # the last: lanes on a one-device mesh, each thread under its own (thread-local) mesh context
+    for kw in ({}, {"temperature": 1.0, "seed": 4}, {"temperature": 1.0, "seed": 4, "mesh": mesh1}):
         one = sampling.generate(cfg, params, prompts, 12, stop_token_ids=stops, buckets=BUCKETS,
                                 lanes=1, **kw)  # fmt: skip
         for lanes in (2, 3):
@@ -341,9 +343,8 @@ def test_generate_lanes_split_rows_over_threads(loaded, monkeypatch):
     cores = sampling.session.machine.usable_cores()
     assert sampling.generate_lanes(10, None, BUCKETS) == min(cores, 10 // BUCKETS.batch_min)
     assert sampling.generate_lanes(3, None, BUCKETS) == 1
-    one, two = (models.make_mesh((n, 1, 1), jax.devices()[:n]) for n in (1, 2))
-    assert sampling.generate_lanes(64, one) == min(cores, 8)
-    assert sampling.generate_lanes(64, two) == 1
+    assert sampling.generate_lanes(64, mesh1) == min(cores, 8)
+    assert sampling.generate_lanes(64, mesh2) == 1
     with pytest.raises(ValueError, match="lanes must be >= 1"):
         sampling.generate(cfg, params, prompts, 4, buckets=BUCKETS, lanes=0)
     with pytest.raises(ValueError, match="2 per-row stop sets for 10 rows"):
