@@ -306,10 +306,11 @@ def test_compile_count_bounded(loaded):
 
 
 def test_generate_lanes_split_rows_over_threads(loaded, monkeypatch):
-    """`generate` with lanes > 1 runs one Session per lane (contiguous rows, each on its own
-    thread) and returns the rows in order, with the tokens, stop hits and sampled streams of one
-    session; log-probs to 1e-6 (a smaller batch may round the last bit otherwise). The default
-    is one lane per core, each of at least `batch_min` rows, and one on a multi-device mesh."""
+    """`generate` with lanes > 1 runs one Session per lane (contiguous rows, split evenly, each
+    on its own thread) and returns the rows in order, with the tokens, stop hits and sampled
+    streams of one session; log-probs to 1e-6 (a smaller batch may round the last bit
+    otherwise). The default is one lane per core, each of at least `batch_min` rows, and one on
+    a multi-device mesh; bad input is named by the caller's row before any lane starts."""
     import threading
 
     cfg, params = loaded["qwen2"]
@@ -322,20 +323,22 @@ def test_generate_lanes_split_rows_over_threads(loaded, monkeypatch):
         return decode_turn(self, *args, **kwargs)
 
     monkeypatch.setattr(sampling.Session, "decode_turn", spy)
-    stops = {0: [7], 4: [11, 12], 9: [5]}  # per-row sets, keyed by generate's row ids
     mesh1, mesh2 = (models.make_mesh((n, 1, 1), jax.devices()[:n]) for n in (1, 2))
     # the last: lanes on a one-device mesh, each thread under its own (thread-local) mesh context
     for kw in ({}, {"temperature": 1.0, "seed": 4}, {"temperature": 1.0, "seed": 4, "mesh": mesh1}):
+        free = sampling.generate(cfg, params, prompts, 12, buckets=BUCKETS, lanes=1, **kw)
+        # per-row sets keyed by generate's row ids, taken from the rows' own tokens so that rows
+        # of the later lanes (4, 9) stop, and row 0 stops on a token row 4 draws
+        stops = {0: [free.tokens[4][2]], 4: [free.tokens[4][3]], 9: [free.tokens[9][5]]}
         one = sampling.generate(cfg, params, prompts, 12, stop_token_ids=stops, buckets=BUCKETS,
                                 lanes=1, **kw)  # fmt: skip
-        for lanes in (2, 3):
+        assert one.stopped[4] and one.stopped[9] and one.lengths[4] <= 4
+        for lanes, sizes in ((2, (5, 5)), (3, (3, 3, 4))):
             seen.clear()
             got = sampling.generate(cfg, params, prompts, 12, stop_token_ids=stops,
                                     buckets=BUCKETS, lanes=lanes, **kw)  # fmt: skip
-            size = -(-len(prompts) // lanes)
-            assert sorted(s[1:] for s in seen) == [
-                (lo, min(size, len(prompts) - lo)) for lo in range(0, len(prompts), size)
-            ]
+            starts = np.cumsum((0, *sizes[:-1])).tolist()
+            assert sorted(s[1:] for s in seen) == list(zip(starts, sizes, strict=True))
             assert len({s[0] for s in seen}) == lanes  # each lane on a thread of its own
             assert (got.tokens, got.stopped, got.lengths) == (one.tokens, one.stopped, one.lengths)
             for a, b in zip(got.logprobs, one.logprobs, strict=True):
@@ -345,10 +348,19 @@ def test_generate_lanes_split_rows_over_threads(loaded, monkeypatch):
     assert sampling.generate_lanes(3, None, BUCKETS) == 1
     assert sampling.generate_lanes(64, mesh1) == min(cores, 8)
     assert sampling.generate_lanes(64, mesh2) == 1
+    seen.clear()
     with pytest.raises(ValueError, match="lanes must be >= 1"):
         sampling.generate(cfg, params, prompts, 4, buckets=BUCKETS, lanes=0)
+    with pytest.raises(ValueError, match="lanes > 1 needs a single-process run on one device"):
+        sampling.generate(cfg, params, prompts, 4, buckets=BUCKETS, lanes=2, mesh=mesh2)
     with pytest.raises(ValueError, match="2 per-row stop sets for 10 rows"):
         sampling.generate(cfg, params, prompts, 4, stop_token_ids=[[1], [2]], buckets=BUCKETS)
+    bad = [*prompts[:7], [cfg.vocab_size], *prompts[8:]]
+    with pytest.raises(ValueError, match=r"^prompt 7: token ids"):
+        sampling.generate(cfg, params, bad, 4, buckets=BUCKETS, lanes=3)
+    with pytest.raises(ValueError, match=r"^stop set of row 9: token ids"):
+        sampling.generate(cfg, params, prompts, 4, stop_token_ids={9: [-1]}, buckets=BUCKETS)
+    assert not seen  # every error came before any lane decoded
 
 
 def test_capacity_and_input_errors(loaded):

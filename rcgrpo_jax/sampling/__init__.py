@@ -1,6 +1,6 @@
 """Sampler: jitted KV-cache generation for ragged batches, with multi-turn cache continuation.
 
-`generate` is the one-shot entry point (on a CPU, its rows split over one session per core);
+`generate` is the one-shot entry point (on one CPU device, its rows split into lanes);
 `Session` keeps each trajectory's cache alive across turns for multi-turn rollouts (see
 `session` for the driving loop); `core` holds the pure jitted programs over the `RolloutState`
 pytree.

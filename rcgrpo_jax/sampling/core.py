@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import threading
 from typing import NamedTuple
 
 import flax.struct
@@ -31,6 +32,7 @@ from rcgrpo_jax.sampling import forward
 from rcgrpo_jax.sampling.forward import Cache
 
 _TRACES: collections.Counter[str] = collections.Counter()
+_TRACES_LOCK = threading.Lock()  # `generate`'s lanes trace from several threads
 
 
 def compile_count(name: str | None = None) -> int:
@@ -39,7 +41,8 @@ def compile_count(name: str | None = None) -> int:
 
 
 def _traced(name: str) -> None:
-    _TRACES[name] += 1
+    with _TRACES_LOCK:
+        _TRACES[name] += 1
 
 
 @flax.struct.dataclass
@@ -235,7 +238,7 @@ def _row_keys(base: jax.Array, traj: jax.Array, n_sampled: jax.Array) -> jax.Arr
 
 # XLA's default dot path on every backend: on CPU that is YNNPACK, the fastest at decode's small M
 # (`python bench/dot_paths.py`). A decode step is a chain of such GEMMs that keeps about one core
-# busy whatever the path, so `session.generate` runs a CPU batch as one session per core.
+# busy whatever the path, so `session.generate` splits a batch on one CPU device into lanes.
 @functools.partial(
     jax.jit,
     static_argnums=(0, 1, 2),

@@ -424,11 +424,7 @@ class Session:
         return rows
 
     def _check_tokens(self, toks: Sequence[int], what: str) -> list[int]:
-        toks = [int(t) for t in toks]
-        bad = [t for t in toks if not 0 <= t < self.cfg.vocab_size]
-        if bad:
-            raise ValueError(f"{what}: token ids {bad[:5]} outside [0, {self.cfg.vocab_size})")
-        return toks
+        return _checked_ids(toks, self.cfg.vocab_size, what)
 
     def _per_row_stops(self, stop_token_ids: StopIds, rows: Sequence[int]) -> dict[int, list[int]]:
         per = _stops_per_row(stop_token_ids, len(self._hist))
@@ -539,11 +535,13 @@ def generate(
     stop_token_ids: one set for all rows or one per row; a row stops after its first stop token,
     which is kept. Log-probs are under the policy at temperature 1 (the RL "old log-probs").
 
-    `lanes`: sessions the rows are split over, run side by side in threads (contiguous rows, each
-    drawing its own random stream, so the tokens do not depend on the split; a smaller batch may
-    round a log-prob's last bit otherwise). None: one per usable core on a run on one CPU device
-    (`generate_lanes`), else 1. XLA:CPU runs one session's decode step, a chain of small GEMMs,
-    on about one core; two sessions keep two busy.
+    `lanes`: sessions the rows are split over (evenly, contiguous), run side by side on worker
+    threads. Each row draws its own random stream, so the tokens are the same whatever the split
+    barring last-bit ties (a smaller batch may round a logit's last bit otherwise). None: one per
+    usable core with at least `batch_min` rows each on one CPU device (`generate_lanes`), else 1.
+    XLA:CPU runs one session's decode step, a chain of small GEMMs, on about one core; two
+    sessions keep two busy. The workers do not see the caller's thread-local JAX settings
+    (`jax.default_device` and the like): params and `mesh` decide where the programs run.
     """
     n = len(prompts)
     if not n:
@@ -553,9 +551,17 @@ def generate(
     lanes = generate_lanes(n, mesh, buckets) if lanes is None else int(lanes)
     if lanes < 1:
         raise ValueError(f"lanes must be >= 1, got {lanes}")
+    if lanes > 1 and ((mesh is not None and mesh.size > 1) or distributed.process_count() > 1):
+        raise ValueError("lanes > 1 needs a single-process run on one device")
+    # checked here, so that an error names the caller's rows and comes before any lane starts
+    for i, p in enumerate(prompts):
+        _checked_ids(p, cfg.vocab_size, f"prompt {i}")
     per_row = _stops_per_row(stop_token_ids, n)
-    size = -(-n // lanes)
-    parts = [range(lo, min(lo + size, n)) for lo in range(0, n, size)]
+    for i, st in enumerate([stop_token_ids] if per_row is None else per_row):
+        _checked_ids(st, cfg.vocab_size, "stop set" if per_row is None else f"stop set of row {i}")
+    lanes = min(lanes, n)
+    bounds = [n * i // lanes for i in range(lanes + 1)]  # even: sizes differ by at most 1
+    parts = [range(lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False)]
 
     def run(part: range) -> TurnOutput:
         sess = Session(
@@ -589,6 +595,14 @@ def generate_lanes(rows: int, mesh: Mesh | None, buckets: Buckets = Buckets()) -
     if distributed.process_count() > 1 or jax.default_backend() != "cpu":
         return 1
     return max(1, min(machine.usable_cores(), rows // buckets.batch_min))
+
+
+def _checked_ids(toks: Sequence[int], vocab_size: int, what: str) -> list[int]:
+    toks = [int(t) for t in toks]
+    bad = [t for t in toks if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"{what}: token ids {bad[:5]} outside [0, {vocab_size})")
+    return toks
 
 
 def _stops_per_row(stop_token_ids: StopIds, n: int) -> list[list[int]] | None:
