@@ -551,7 +551,7 @@ def generate(
     lanes = generate_lanes(n, mesh, buckets) if lanes is None else int(lanes)
     if lanes < 1:
         raise ValueError(f"lanes must be >= 1, got {lanes}")
-    if lanes > 1 and ((mesh is not None and mesh.size > 1) or distributed.process_count() > 1):
+    if lanes > 1 and not _one_device(mesh):
         raise ValueError("lanes > 1 needs a single-process run on one device")
     # checked here, so that an error names the caller's rows and comes before any lane starts
     for i, p in enumerate(prompts):
@@ -590,11 +590,15 @@ def generate_lanes(rows: int, mesh: Mesh | None, buckets: Buckets = Buckets()) -
     """`generate`'s default split: one lane per usable core, each of at least
     `buckets.batch_min` rows (smaller lanes would be padded to it), on a single-process run on
     one CPU device; 1 elsewhere (a mesh of several devices already spreads the rows)."""
-    if mesh is not None and mesh.size > 1:
-        return 1
-    if distributed.process_count() > 1 or jax.default_backend() != "cpu":
+    if not _one_device(mesh) or jax.default_backend() != "cpu":
         return 1
     return max(1, min(machine.usable_cores(), rows // buckets.batch_min))
+
+
+def _one_device(mesh: Mesh | None) -> bool:
+    """Whether this is a single-process run on one device: the only place lanes may run, since
+    programs with collectives issued from several threads could deadlock."""
+    return (mesh is None or mesh.size == 1) and distributed.process_count() == 1
 
 
 def _checked_ids(toks: Sequence[int], vocab_size: int, what: str) -> list[int]:
