@@ -9,7 +9,9 @@ runs under `jax.profiler.trace` with XLA:CPU's per-thunk trace events on
 (`--xla_cpu_enable_xprof_traceme`); each event is an HLO op of the compiled module, joined with
 its `op_name` metadata from the compiled HLO text (the JAX primitive and its transforms: `jvp`
 forward, `transpose` backward). Printed: wall time per call, the sum of op times (above the
-wall when ops run on both threads), the time per (primitive, pass) and the slowest ops.
+wall when ops run on both threads), the wall split by what was running (a dot, only other ops,
+nothing: gaps between calls count as nothing), the time per (primitive, pass) and the slowest
+ops.
 Like `rcgrpo_jax.main`, it runs with glibc's huge-page tunable (`rcgrpo_jax/host_memory.py`):
 without it, page faults on each call's fresh temporaries land in whichever op first touches
 them, and a stage-1 step takes ~1.5x as long (timed without the profiler).
@@ -103,6 +105,28 @@ def _program(what: str):
     return run, "jit_step_fn", label
 
 
+def timeline(events: list[dict], is_dot) -> dict[str, float]:
+    """Microseconds of the traced span (first op start to last op end, all calls) with a dot
+    running, with only other ops running, with nothing running, and with two or more ops at
+    once: where the step's wall goes, which per-op sums (counted on both threads) do not say."""
+    edges = sorted((t, d, i) for i, e in enumerate(events)
+                   for t, d in ((e["ts"], 1), (e["ts"] + e["dur"], -1)))  # fmt: skip
+    out = dict.fromkeys(("a dot running", "only other ops", "nothing", "two ops or more"), 0.0)
+    running: set[int] = set()
+    last = edges[0][0] if edges else 0.0
+    for t, d, i in edges:
+        span = t - last
+        if any(is_dot(events[j]) for j in running):
+            out["a dot running"] += span
+        else:
+            out["only other ops" if running else "nothing"] += span
+        if len(running) >= 2:
+            out["two ops or more"] += span
+        last = t
+        (running.add if d == 1 else running.discard)(i)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--what", choices=("train", "decode", "sft"), default="train")
@@ -150,6 +174,12 @@ def main(argv=None) -> int:
     print(f"# {label}: {best * 1e3:.1f} ms per call (best of {args.repeats}); "
           f"op time {sum(per_op.values()):.1f} ms over {ops / args.repeats:.0f} ops per call; "
           f"jax {jax.__version__}, XLA_FLAGS={os.environ['XLA_FLAGS']!r}")  # fmt: skip
+    mine = [e for e in events if e.get("ph") == "X" and e.get("args", {}).get("hlo_op")]
+    mine = [e for e in mine if e["args"].get("hlo_module", "").startswith(module)]
+    is_dot = lambda e: meta.get(e["name"], ("", ""))[1].endswith("dot_general")
+    wall = timeline(mine, is_dot)
+    print("# wall per call, from the trace's op intervals: "
+          + ", ".join(f"{k} {v / 1e3 / args.repeats:.1f} ms" for k, v in wall.items()))  # fmt: skip
     print("\n| primitive | pass | ms per call | share |\n|---|---|---|---|")
     total = sum(groups.values()) or 1.0
     for (prim, side), ms in groups.most_common(args.top):
