@@ -105,10 +105,11 @@ def _program(what: str):
     return run, "jit_step_fn", label
 
 
-def timeline(events: list[dict], is_dot) -> dict[str, float]:
+def timeline(events: list[dict], is_dot: list[bool]) -> dict[str, float]:
     """Microseconds of the traced span (first op start to last op end, all calls) with a dot
-    running, with only other ops running, with nothing running, and with two or more ops at
-    once: where the step's wall goes, which per-op sums (counted on both threads) do not say."""
+    (`is_dot[i]`: event i is one) running, with only other ops running, with nothing running,
+    and with two or more ops at once: where the step's wall goes, which per-op sums (counted on
+    both threads) do not say."""
     edges = sorted((t, d, i) for i, e in enumerate(events)
                    for t, d in ((e["ts"], 1), (e["ts"] + e["dur"], -1)))  # fmt: skip
     out = dict.fromkeys(("a dot running", "only other ops", "nothing", "two ops or more"), 0.0)
@@ -116,7 +117,7 @@ def timeline(events: list[dict], is_dot) -> dict[str, float]:
     last = edges[0][0] if edges else 0.0
     for t, d, i in edges:
         span = t - last
-        if any(is_dot(events[j]) for j in running):
+        if any(is_dot[j] for j in running):
             out["a dot running"] += span
         else:
             out["only other ops" if running else "nothing"] += span
@@ -160,24 +161,21 @@ def main(argv=None) -> int:
     trace = next(Path(logdir).rglob("perfetto_trace.json.gz"))
     events = json.load(gzip.open(trace))
     events = events["traceEvents"] if isinstance(events, dict) else events
+    traced = [e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})]
+    mine = [e for e in traced if e["args"].get("hlo_module", "").startswith(module)]
     per_op: collections.Counter[str] = collections.Counter()
-    for e in events:
-        a = e.get("args", {})
-        if e.get("ph") == "X" and "hlo_op" in a and a.get("hlo_module", "").startswith(module):
-            per_op[e["name"]] += e["dur"] / 1e3 / args.repeats  # ms per call
+    for e in mine:
+        per_op[e["name"]] += e["dur"] / 1e3 / args.repeats  # ms per call
     groups: collections.Counter[tuple[str, str]] = collections.Counter()
     for name, ms in per_op.items():
         shape, op = meta.get(name, ("", ""))
         prim = op.rsplit("/", 1)[-1] if op else re.sub(r"[._]\d+$", "", name).split("_")[0]
         groups[(prim, "backward" if "transpose(" in op else "forward")] += ms
-    ops = len([e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})])
+    ops = len(traced)
     print(f"# {label}: {best * 1e3:.1f} ms per call (best of {args.repeats}); "
           f"op time {sum(per_op.values()):.1f} ms over {ops / args.repeats:.0f} ops per call; "
           f"jax {jax.__version__}, XLA_FLAGS={os.environ['XLA_FLAGS']!r}")  # fmt: skip
-    mine = [e for e in events if e.get("ph") == "X" and e.get("args", {}).get("hlo_op")]
-    mine = [e for e in mine if e["args"].get("hlo_module", "").startswith(module)]
-    is_dot = lambda e: meta.get(e["name"], ("", ""))[1].endswith("dot_general")
-    wall = timeline(mine, is_dot)
+    wall = timeline(mine, [meta.get(e["name"], ("", ""))[1].endswith("dot_general") for e in mine])
     print("# wall per call, from the trace's op intervals: "
           + ", ".join(f"{k} {v / 1e3 / args.repeats:.1f} ms" for k, v in wall.items()))  # fmt: skip
     print("\n| primitive | pass | ms per call | share |\n|---|---|---|---|")
