@@ -80,15 +80,18 @@ def get_config():
     c.train.optim.lr = 1e-2
     c.train.optim.warmup_steps = 20
 
-    c.rl.steps = 16
+    # The arms, at equal cost: the paper's GRPO and RC-GRPO (one round of 8 x 8 rollouts per
+    # iteration, an update only where a group carries signal) and both again with DAPO's
+    # dynamic sampling (degenerate groups dropped and refilled: up to 4 rounds per iteration).
+    # `--config.arms="('grid',)"` runs all eight cells of stages.arms.
+    c.arms = ("sft_grpo", "rctp_rcgrpo", "sft_grpo_dynamic", "rctp_rcgrpo_dynamic")
+    # Every arm generates the same 2048 trajectories however many iterations that takes (a
+    # plain arm 32, a dynamic one 8-32); rl.steps is only a cap, set above any arm's need.
+    c.rl.max_rollouts = 2048
+    c.rl.steps = 64
     c.rl.num_prompts = 8
     c.rl.prompt_split = "rl"
-    # Every arm trains on informative groups only (DAPO's dynamic sampling): up to 4 rounds of
-    # 8 x 8 rollouts per iteration, the same budget of 4096 trajectories for every arm. On the
-    # rl split ~90% of SFT's groups are degenerate; without it an update sees ~1 informative
-    # group in 8, and 16 iterations moved held-out success by at most 0.8 points on every arm.
-    c.rl.dynamic_sampling = True
-    c.rl.max_rollouts = 4096
+    c.rl.dynamic_max_rounds = 4
     # 8 rollouts per prompt: at 4, a policy that solves a prompt 90% of the time makes a
     # degenerate group two times in three; at 8, one in two (docs/experiments/tiny_default.md).
     c.rl.group_size = 8
@@ -103,7 +106,10 @@ def get_config():
     # the clip bounds how far one batch moves the policy.
     c.rl.epochs = 2
     c.rl.minibatches = 2
-    c.rl.eval_every = 8  # greedy held-out success mid-way too, for rl.png
+    # Held-out success at the start and after 512, 1024, 1536 and 2048 trajectories: the
+    # curve the arms are compared by (summary.json, rl.png).
+    c.rl.eval_every = 0
+    c.rl.eval_points = 4
     c.rl.checkpoint_every = 4
     # A fresh Adam's first update is lr x sign(g) on every weight whatever the gradient's size,
     # and clip_norm acts before Adam: at 3e-3 (stage 1 ended at 1e-2 decayed) one update took

@@ -28,9 +28,15 @@ def base_config() -> ml_collections.ConfigDict:
     # $XDG_CACHE_HOME/rcgrpo_jax/xla (~/.cache/rcgrpo_jax/xla).
     c.compile = ml_collections.ConfigDict({"cache": True, "cache_dir": ""})
 
-    # Stage `all`'s control arms (`stages.all.CONTROLS`), each run beside the real arm it controls:
-    # "shuffled" (SFT→GRPO and RCTP→RC-GRPO with rewards permuted within the batch) and "lr0"
-    # (RCTP→RC-GRPO at lr = 0: its change must be exactly 0). Empty: the real arms only.
+    # Stage `all`'s RL arms (`stages.all.ARMS`): stage 1 (sft | rctp) x algorithm (grpo |
+    # rcgrpo) x sampling (plain: one round of P x G per iteration; `_dynamic`: DAPO's dynamic
+    # sampling), e.g. "rctp_rcgrpo", "sft_grpo_dynamic"; "paper" names the four plain arms,
+    # "dynamic" the four dynamic ones, "grid" all eight. Every arm runs to the same budget of
+    # generated trajectories (rl.max_rollouts).
+    c.arms = ("paper", "sft_grpo_dynamic")
+    # Stage `all`'s control arms (`stages.all.CONTROLS`), each run beside every chosen arm it
+    # controls: "shuffled" (SFT→GRPO and RCTP→RC-GRPO with rewards permuted within the batch)
+    # and "lr0" (RCTP→RC-GRPO at lr = 0: its change must be exactly 0). Empty: no control.
     c.controls = ()
 
     # (data, fsdp, tensor); product must equal the number of devices in use, -1 fills one axis.
@@ -200,16 +206,23 @@ def base_config() -> ml_collections.ConfigDict:
     # prompts, up to dynamic_max_rounds rounds per iteration, until num_prompts groups remain.
     # Short of that, the update trains the ones it has (cut to a multiple of minibatches x
     # grad_accum), in a batch of num_prompts groups with the rest masked: one step shape.
+    # Stages grpo/rcgrpo only: stage `all`'s arms each set their own (config.arms).
     c.rl.dynamic_sampling = False
     c.rl.dynamic_max_rounds = 4  # rollout rounds per iteration, the first included
-    # Trajectories generated over the run (every round counts); the run stops when it is
-    # reached. 0 = steps x num_prompts x group_size, what a run without dynamic sampling makes.
+    # The budget: trajectories generated over the run (every round counts). The run stops when
+    # it is spent (fewer than group_size left), or after rl.steps iterations if that comes
+    # first (the summary's `ended` says which). 0 = steps x num_prompts x group_size, what a
+    # run without dynamic sampling makes.
     c.rl.max_rollouts = 0
     # Rollout rows the sampler holds at once (each chunk of rows its own KV cache, released
     # before the next): bounds sampler memory by this, not by P x G; the trajectories are the
     # same whatever it is. 0 = all P x G rows together.
     c.rl.max_rows = 0
     c.rl.eval_every = 10  # iterations; 0 = never (RC-GRPO evaluates with <|high_reward|>)
+    # Held-out success also each time the trajectories generated first reach one of this many
+    # evenly spaced points of the budget (`rl.curve`), the last the budget itself: the curve
+    # every arm is compared by at equal cost. 0 = none.
+    c.rl.eval_points = 0
     c.rl.checkpoint_every = 10
     c.rl.keep_checkpoints = 3
     c.rl.optim = ml_collections.ConfigDict(
@@ -240,11 +253,12 @@ def bfcl_rl_recipe(c: ml_collections.ConfigDict) -> None:
     c.rl.prompt_split = "train"
     # Train on informative groups only (DAPO's dynamic sampling): after SFT on golden
     # trajectories most groups of 8 are all-pass or all-fail, and an update on a batch of them
-    # has nearly no signal. Up to 4 rounds of P x G rollouts per iteration, within the same
-    # budget for every arm (rl.max_rollouts 0 = rl.steps x P x G trajectories), which it
-    # therefore spends in between rl.steps / 4 and rl.steps iterations. With it on for every arm,
-    # stage `all` leaves out `sft_grpo_dynamic` (it would repeat `sft_grpo`).
-    c.rl.dynamic_sampling = True
+    # has nearly no signal. Stage `all` runs the four dynamic arms (the paper's plain ones:
+    # `--config.arms="('paper',)"`, or "('grid',)" for both); a single RL stage needs
+    # `--config.rl.dynamic_sampling=True`. Up to 4 rounds of P x G rollouts per iteration, within
+    # the same budget for every arm (rl.max_rollouts 0 = rl.steps x P x G trajectories), which
+    # it therefore spends in between rl.steps / 4 and rl.steps iterations.
+    c.arms = ("dynamic",)
     c.rl.dynamic_max_rounds = 4
     # Two epochs over each batch, so the second sees ratios != 1 and the clip bounds how far one
     # batch moves the policy. One minibatch (the demo has 2): an iteration's informative groups

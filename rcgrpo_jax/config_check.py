@@ -171,6 +171,12 @@ def _attention() -> tuple[str, ...]:
     return ATTENTION_KINDS
 
 
+def _arms() -> tuple[str, ...]:
+    from rcgrpo_jax.rl.arms import ARM_SETS, ARMS
+
+    return (*ARMS, *ARM_SETS)
+
+
 def _objectives() -> tuple[str, ...]:
     from rcgrpo_jax.rl.losses import OBJECTIVES
 
@@ -203,6 +209,7 @@ RULES: dict[str, Rule] = {
     "workdir": text,
     "seed": integer(0),
     "compile.cache": boolean,
+    "arms": subset(_arms),
     "controls": subset(("shuffled", "lr0"), allow_empty=True),
     "compile.cache_dir": text,
     "mesh.shape": mesh_shape,
@@ -298,6 +305,7 @@ RULES: dict[str, Rule] = {
     "rl.max_rollouts": integer(0),
     "rl.max_rows": integer(0),
     "rl.eval_every": integer(0),
+    "rl.eval_points": integer(0),
     "rl.checkpoint_every": integer(1),
     "rl.keep_checkpoints": integer(1),
     **_optim("rl.optim"),
@@ -379,6 +387,11 @@ def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
                 "'train' unless env.benchmark='synthetic' with env.synthetic.num_rl > 0 "
                 "(only the synthetic environment has an rl split)",
             )  # fmt: skip
+    if c.stage == "all" and c.rl.dynamic_sampling:
+        yield _fail(
+            "rl.dynamic_sampling", c.rl.dynamic_sampling,
+            "False for stage all (each arm sets its own: name the _dynamic arms in config.arms)",
+        )  # fmt: skip
     if c.stage == "all" and c.rl.init_from:
         yield _fail(
             "rl.init_from", c.rl.init_from,

@@ -37,7 +37,7 @@ from conftest import REPO, mask_runs, shipped_config, xla_flags
 
 from rcgrpo_jax.envs import bfcl, prompts
 from rcgrpo_jax.envs.calls import extract_calls
-from rcgrpo_jax.stages import all as experiment
+from rcgrpo_jax.rl.arms import chosen
 
 CATEGORY = "multi_turn_base"
 # Sizes, step counts and entry counts only; no length is overridden.
@@ -59,7 +59,7 @@ SIZE_AND_STEPS = (
     # The RL recipe's counts, back to one pass: a random policy's groups are all-fail, so with
     # dynamic sampling on every arm no fused step would run at 16k (the dynamic arm still runs
     # it); RCTP's 2 policy rollouts per entry would be 360 trajectories at 16k.
-    "--config.rl.dynamic_sampling=False",
+    "--config.arms=('paper','sft_grpo_dynamic')",
     "--config.rl.epochs=1",
     "--config.rctp.rollouts_per_entry=0",
 )
@@ -67,7 +67,7 @@ LENGTH_KEYS = ("rl.max_len", "eval.max_len", "train.seq_len", "rctp.max_tokens")
 FULL_LENGTH = 16384
 PEAK_RSS_LIMIT = 12 * 2**30  # the runs must fit a 24 GB machine with room to spare
 TIMEOUT_S = 900
-ARMS = tuple(name for name, *_ in experiment.RL_ARMS)
+ARMS = chosen(("paper", "sft_grpo_dynamic"))
 # the tokens each arm's rollouts carry (sorted, G = 2): none, both (stratified), or all high
 ARM_TOKENS = {
     "sft_grpo": [-1, -1], "sft_rcgrpo": [0, 1], "rctp_rcgrpo": [0, 1], "rctp_grpo": [1, 1],
@@ -345,9 +345,10 @@ def test_rl_arms_log_their_rollouts(qwen_run):
         assert metrics["reward_mean"] == pytest.approx(rewards.mean())
         assert metrics["sampled_tokens"] > 0 and metrics["generated_rollouts"] == 2
         if row["trained"] == [True]:
-            assert np.isfinite(metrics["loss"])
-            # the step runs; it is applied only when the group's rewards differ
-            assert metrics["applied_frac"] == float(rewards[0, 0] != rewards[0, 1])
+            # the step runs, and is applied, only when the group's rewards differ
+            signal = bool(rewards[0, 0] != rewards[0, 1])
+            assert metrics["applied_frac"] == float(signal)
+            assert (metrics["loss"] is not None and np.isfinite(metrics["loss"])) == signal
         else:  # only the dynamic arm drops a group whose rewards are all equal: no update
             assert arm == "sft_grpo_dynamic" and metrics["loss"] is None
             assert rewards[0, 0] == rewards[0, 1]
@@ -431,7 +432,7 @@ def test_prompts_longer_than_max_len_are_left_out_once(qwen_model, capsys):
     from rcgrpo_jax import envs, models
     from rcgrpo_jax.errors import UserError
     from rcgrpo_jax.stages import setup
-    from rcgrpo_jax.stages.eval import success_rate
+    from rcgrpo_jax.stages.eval import measure_success
 
     tok = AutoTokenizer.from_pretrained(str(qwen_model))
     entries = bfcl.split_entries("test", CATEGORY)[:3]
@@ -452,7 +453,7 @@ def test_prompts_longer_than_max_len_are_left_out_once(qwen_model, capsys):
     c = config_lib.base_config()
     c.eval.max_len, c.eval.max_new_tokens, c.env.max_steps_per_turn = max_len, 1, 1
     model = models.load_hf(str(qwen_model), dtype=jnp.float32)
-    assert success_rate(c, model, tok, None, entries, None) == 0.0  # ran the one that fits
+    assert measure_success(c, model, tok, None, entries, None).rate == 0.0  # ran the one that fits
 
 
 def test_too_long_stage1_example_is_a_one_line_error(qwen_run, tmp_path):

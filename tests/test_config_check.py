@@ -20,7 +20,7 @@ def test_every_declared_key_has_a_rule_and_every_rule_a_key():
     assert set(config_check.RULES) - keys == set()
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny_pretrain", "qwen7b", "llama8b"])
+@pytest.mark.parametrize("name", ["tiny", "tiny_multiturn", "tiny_pretrain", "qwen7b", "llama8b"])
 def test_shipped_configs_validate(name, tmp_path):
     c = shipped_config(name)
     if c.model.hf_path:  # the 7B/8B configs point at a checkpoint on the TPU VM

@@ -168,7 +168,7 @@ def test_synthetic_benchmark_evaluates_its_own_tasks(tmp_path):
 
 
 def test_a_repeated_measurement_is_not_run_again(tmp_path, monkeypatch):
-    """`success_rate` keeps what it measured: the same parameters, tokenizer, entries and
+    """`measure_success` keeps what it measured: the same parameters, tokenizer, entries and
     settings give the kept value without a rollout; a changed weight, token, sample count,
     entry, setting or chat template measures again; a multi-process run and parameters above
     the memo's size always do."""
@@ -180,7 +180,9 @@ def test_a_repeated_measurement_is_not_run_again(tmp_path, monkeypatch):
 
     def rollouts(config, env, entries, model, tokenizer, mesh, token, samples=0):
         runs.append((token, samples))
-        return [types.SimpleNamespace(rewards=np.full((len(entries), max(samples, 1)), 0.5))]
+        per_entry = np.array([1.0, 0.0, 0.5])[: len(entries), None]
+        rewards = np.repeat(per_entry, max(samples, 1), axis=1)
+        return [(entries, types.SimpleNamespace(rewards=rewards))]
 
     monkeypatch.setattr(eval_stage, "_model_rollouts", rollouts)
     monkeypatch.setattr(eval_stage.setup, "environment", lambda config: None)
@@ -199,14 +201,19 @@ def test_a_repeated_measurement_is_not_run_again(tmp_path, monkeypatch):
             return 2
 
     tok = Tokenizer()
-    entries = [f"entry {i}" for i in range(3)]
+    entries = [types.SimpleNamespace(id=f"e{i}", category="c", kind="aba"[i]) for i in range(3)]
     config = make_config(tmp_path)
     params = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
 
     def rate(params=params, token=1, samples=0, entries=entries, config=config):
-        return eval_stage.success_rate(config, ("cfg", params), tok, None, entries, token, samples)
+        return eval_stage.measure_success(
+            config, ("cfg", params), tok, None, entries, token, samples
+        ).rate
 
     assert rate() == rate() == 0.5 and len(runs) == 1
+    # per task kind (the kept measurement holds both): kind a = entries 0 and 2, kind b = 1
+    got = eval_stage.measure_success(config, ("cfg", params), tok, None, entries, 1)
+    assert got.by_kind == {"a": 0.75, "b": 0.0} and len(runs) == 1
     changed = {"w": params["w"].copy()}
     changed["w"][1, 2] = np.nextafter(changed["w"][1, 2], np.float32(9))
     other = make_config(tmp_path, max_new_tokens=7)

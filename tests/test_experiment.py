@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rcgrpo_jax.envs.reward_tokens import HIGH, NONE
+from rcgrpo_jax.rl import arms as arms_lib
 from rcgrpo_jax.stages import all as experiment
 from rcgrpo_jax.stages.rl import evaluation_token, reward_tokens_for, shuffled, token_draw
 from rcgrpo_jax.tools import seeds
@@ -31,32 +32,62 @@ def test_grpo_rows_carry_the_configured_token():
 def test_each_arm_is_evaluated_under_its_own_token():
     """Start and end of an arm are measured under one token: none for the GRPO arms from SFT,
     the high token for every arm whose rollouts carry tokens (controls as the arm they copy)."""
-    want = {"sft_grpo": None, "sft_rcgrpo": HIGH, "rctp_rcgrpo": HIGH, "rctp_grpo": HIGH,
-            "sft_grpo_dynamic": None, "sft_grpo_shuffled": None, "rctp_rcgrpo_shuffled": HIGH,
-            "rctp_rcgrpo_lr0": HIGH}  # fmt: skip
-    config = _experiment_config(dynamic_sampling=False)
-    arms = experiment.rl_arms(config)
-    assert [a[0] for a in arms] == [*(a[0] for a in experiment.RL_ARMS), *list(want)[5:]]
-    for name, _, algo, overrides in arms:
-        rl = _rl(**{k: v for k, v in overrides.items() if k == "grpo_token"})
-        assert evaluation_token(algo, rl) == want[name], name
+    want = {"sft_grpo": None, "sft_rcgrpo": HIGH, "rctp_rcgrpo": HIGH, "rctp_grpo": HIGH}
+    arms = arms_lib.rl_arms(_experiment_config(arms=("grid",)))
+    assert len(arms) == 8 + 4 + 2  # the grid, shuffled for 4 of its arms, lr 0 for 2
+    for arm in arms:
+        rl = _rl(**{k: v for k, v in arm.rl.items() if k == "grpo_token"})
+        cell = arm.name.removesuffix("_shuffled").removesuffix("_lr0").removesuffix("_dynamic")
+        assert evaluation_token(arm.algo, rl) == want[cell], arm.name
 
 
-def _experiment_config(**rl) -> ml_collections.ConfigDict:
-    base = {"dynamic_sampling": False, "grpo_token": "none", "shuffle_rewards": False,
-            "optim": {"lr": 1e-3}}  # fmt: skip
-    return ml_collections.ConfigDict({"controls": ("shuffled", "lr0"), "rl": {**base, **rl}})
+def _experiment_config(arms=("paper", "sft_grpo_dynamic")) -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict({"arms": arms, "controls": ("shuffled", "lr0")})
 
 
-def test_an_arm_that_repeats_the_config_is_left_out():
-    """With dynamic sampling on for every arm the dynamic arm would be sft_grpo run twice; an
-    override that differs from the config (lr 0, shuffled rewards) keeps its arm."""
-    names = lambda **rl: [a[0] for a in experiment.rl_arms(_experiment_config(**rl))]
-    assert "sft_grpo_dynamic" in names()
-    dynamic = names(dynamic_sampling=True)
-    assert "sft_grpo_dynamic" not in dynamic and len(dynamic) == len(names()) - 1
-    assert "rctp_rcgrpo_lr0" not in names(optim={"lr": 0.0})
-    assert {"sft_grpo", "rctp_rcgrpo_lr0", "sft_grpo_shuffled"} <= set(dynamic)
+def test_arm_sets_and_controls():
+    """`config.arms` takes names and sets, in the table's order, each once; each control
+    copies every chosen arm it controls, with its settings laid over the arm's."""
+    names = lambda arms, controls=(): [
+        a.name for a in arms_lib.rl_arms(ml_collections.ConfigDict(
+            {"arms": arms, "controls": controls}))
+    ]  # fmt: skip
+    assert names(("paper",)) == ["sft_grpo", "sft_rcgrpo", "rctp_rcgrpo", "rctp_grpo"]
+    assert names(("rctp_rcgrpo_dynamic", "sft_grpo", "paper")) == [
+        "sft_grpo", "sft_rcgrpo", "rctp_rcgrpo", "rctp_grpo", "rctp_rcgrpo_dynamic",
+    ]  # fmt: skip
+    assert names(("dynamic",)) == [f"{n}_dynamic" for n in names(("paper",))]
+    got = names(("sft_grpo", "rctp_rcgrpo_dynamic"), ("lr0", "shuffled"))
+    assert got == ["sft_grpo", "rctp_rcgrpo_dynamic", "rctp_rcgrpo_dynamic_lr0",
+                   "sft_grpo_shuffled", "rctp_rcgrpo_dynamic_shuffled"]  # fmt: skip
+    arms = {a.name: a for a in arms_lib.rl_arms(ml_collections.ConfigDict(
+        {"arms": ("rctp_rcgrpo_dynamic",), "controls": ("lr0", "shuffled")}))}  # fmt: skip
+    assert arms["rctp_rcgrpo_dynamic_lr0"].rl == {"dynamic_sampling": True, "optim.lr": 0.0}
+    assert arms["rctp_rcgrpo_dynamic_shuffled"].dynamic
+    assert arms_lib.control_of("rctp_rcgrpo_dynamic_lr0") == ("rctp_rcgrpo_dynamic", "lr0")
+    assert arms_lib.control_of("sft_grpo_dynamic") is None
+    with pytest.raises(ValueError, match="unknown arms"):
+        arms_lib.chosen(("sft_gpro",))
+
+
+def test_stage_all_refuses_a_config_wide_dynamic_sampling():
+    """In stage `all` each arm sets its own sampling: a config-wide rl.dynamic_sampling would
+    be silently overridden, so it is an error naming the arms to use instead; unknown arm
+    names are one line too."""
+    from rcgrpo_jax import config_check
+    from rcgrpo_jax.config import base_config
+    from rcgrpo_jax.errors import UserError
+
+    c = base_config()
+    c.stage, c.env.benchmark = "all", "synthetic"
+    config_check.validate(c)
+    c.rl.dynamic_sampling = True
+    with pytest.raises(UserError, match=r"rl.dynamic_sampling=True: expected False for stage all"):
+        config_check.validate(c)
+    c.rl.dynamic_sampling = False
+    c.arms = ("rctp_rcgrpo", "grpo")
+    with pytest.raises(UserError, match=r"config.arms=.*expected a non-empty tuple of: sft_grpo"):
+        config_check.validate(c)
 
 
 def test_shuffled_rewards_keep_the_batch_and_break_the_link():
@@ -68,12 +99,14 @@ def test_shuffled_rewards_keep_the_batch_and_break_the_link():
 
 
 def test_every_ablation_cell_is_an_arm():
-    arms = {name: (init, algo, o) for name, init, algo, o in experiment.RL_ARMS}
-    assert arms["sft_grpo"] == ("sft", "grpo", {})
-    assert arms["sft_rcgrpo"] == ("sft", "rcgrpo", {})
-    assert arms["rctp_rcgrpo"] == ("rctp", "rcgrpo", {})
-    assert arms["rctp_grpo"] == ("rctp", "grpo", {"grpo_token": "high"})
+    arms = {name: (a.init, a.algo, dict(a.rl)) for name, a in arms_lib.ARMS.items()}
+    assert arms["sft_grpo"] == ("sft", "grpo", {"dynamic_sampling": False})
+    assert arms["sft_rcgrpo"] == ("sft", "rcgrpo", {"dynamic_sampling": False})
+    assert arms["rctp_rcgrpo"] == ("rctp", "rcgrpo", {"dynamic_sampling": False})
+    assert arms["rctp_grpo"] == ("rctp", "grpo", {"dynamic_sampling": False, "grpo_token": "high"})
     assert arms["sft_grpo_dynamic"] == ("sft", "grpo", {"dynamic_sampling": True})
+    assert arms["rctp_grpo_dynamic"][2] == {"dynamic_sampling": True, "grpo_token": "high"}
+    assert len(arms) == 8 and arms_lib.ARM_SETS["grid"] == tuple(arms)
 
 
 def _arms(base=0.0, sft=0.5, high=0.5, low=0.0, deg_g=0.9, deg_rc=0.3, final=0.6):
@@ -150,3 +183,28 @@ def test_seed_table_intervals():
     assert agg["arms"]["sft_grpo_dynamic"]["change"]["mean"] == pytest.approx(0.1)
     arm_lines = report.split("\n\n")[1].splitlines()
     assert len({len(line) for line in arm_lines}) == 1  # the longest arm name fits its column
+
+
+def test_target_3_compares_arms_of_one_sampling():
+    """RC-GRPO against SFT+GRPO, both plain where both ran, else both dynamic; no target
+    from a plain arm against a dynamic one."""
+    arms = _arms()
+    t = lambda a: experiment.targets(a)["rcgrpo_less_degenerate"]
+    dyn = {k: v for k, v in arms.items() if k not in ("sft_grpo", "rctp_rcgrpo")}
+    dyn["rctp_rcgrpo_dynamic"] = {"heldout_success": 0.6, "degenerate_frac": 0.95}
+    assert t(arms) is True and t(dyn) is False  # 0.95 > sft_grpo_dynamic's 0.9
+    mixed = {k: v for k, v in dyn.items() if k != "sft_grpo_dynamic"}
+    mixed["sft_grpo"] = arms["sft_grpo"]
+    assert t(mixed) is None
+
+
+def test_an_update_without_signal_is_not_called():
+    """A minibatch whose valid groups are all degenerate has no signal (the fused step would
+    compute it and leave the state as it was: `test_rl`'s no-signal test), so the RL loop does
+    not call the step; a masked padding group's rewards do not count."""
+    from rcgrpo_jax.stages.rl import has_signal
+
+    batch = lambda rewards, mask: {"rewards": np.array(rewards), "group_mask": np.array(mask)}
+    assert not has_signal(batch([[1.0, 1.0], [0.0, 0.0]], [1.0, 1.0]))
+    assert has_signal(batch([[1.0, 0.0], [0.0, 0.0]], [1.0, 1.0]))
+    assert not has_signal(batch([[1.0, 1.0], [1.0, 0.0]], [1.0, 0.0]))  # the padding has it

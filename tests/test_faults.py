@@ -109,7 +109,7 @@ def tiny_config(workdir):
     c.rl.group_size = 2
     c.rl.dynamic_sampling = False  # one round of P x G rollouts: each fault exactly once
     c.rl.max_new_tokens = 8
-    c.rl.eval_every = 0
+    c.rl.eval_every = c.rl.eval_points = 0
     c.rl.checkpoint_every = 1
     return c
 

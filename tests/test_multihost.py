@@ -45,6 +45,7 @@ OVERRIDES = {
     "rl.kl_beta": 0.01,
     "rl.max_new_tokens": 8,
     "rl.eval_every": STEPS,
+    "rl.eval_points": 0,
     "rl.checkpoint_every": 1,
     "eval.max_new_tokens": 8,
     "eval.max_entries": TEST_ENTRIES,

@@ -31,6 +31,7 @@ def test_plot_rl_panels_and_series(tmp_path):
                 "degenerate_frac": 0.5,
                 "entropy": 2.0 - 0.1 * i,
                 "applied_frac": 1.0,
+                "generated_rollouts": 64.0,  # x: the running sum (no cumulative `rollouts`)
                 **({"eval_success": 0.5, "eval_sampled": None} if i == 6 else {}),
             }
         )
@@ -42,6 +43,8 @@ def test_plot_rl_panels_and_series(tmp_path):
                 "reward_low": nan,
                 "degenerate_frac": None,
                 "entropy": 1.5,
+                "generated_rollouts": 64.0,
+                "rollouts": 100 * i,  # x: the cumulative count where the record has it
             }
         )
     runs = {
@@ -50,9 +53,10 @@ def test_plot_rl_panels_and_series(tmp_path):
     }
 
     s = plots.rl_series(plots.read_jsonl(runs["tokens"]), smooth=1)
-    assert s["eval_success"] == ([0, 6], [0.25, 0.5])  # step 0 first, then where measured
+    # against trajectories generated: the start at 0 first, then where measured
+    assert s["eval_success"] == ([0, 384], [0.25, 0.5])
     assert s["eval_sampled"] == ([0], [0.2])  # null dropped
-    assert s["reward_high"][0] == [1, 3, 4, 5, 6]  # NaN dropped
+    assert s["reward_high"][0] == [64, 192, 256, 320, 384]  # NaN dropped
     assert "reward_mean" not in s  # token arm: high/low, not the mixture
     ent, rew = s["entropy_reward"]
     assert ent == pytest.approx([1.9, 1.8, 1.7, 1.6, 1.5, 1.4])
@@ -61,7 +65,7 @@ def test_plot_rl_panels_and_series(tmp_path):
     assert low[:3] == pytest.approx([0.05, 0.075, 0.125])  # smoothed with window 2
 
     p = plots.rl_series(plots.read_jsonl(runs["plain"]), smooth=1)
-    assert p["reward_mean"] == ([1, 2, 4, 5, 6], [0.3] * 5)
+    assert p["reward_mean"] == ([100, 200, 400, 500, 600], [0.3] * 5)
     assert not {"reward_high", "reward_low", "eval_sampled", "degenerate_frac"} & p.keys()
     assert p["entropy_reward"][0] == [1.5] * 5  # step 3's NaN reward drops the pair
 

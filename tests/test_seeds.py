@@ -175,3 +175,52 @@ def test_report_tables_and_record():
     assert any(line.endswith("= 0 exactly") for line in blocks[2].splitlines())
     record = json.loads(json.dumps({"runs": runs, **agg}))
     assert record["dropped"] == [["seed_1@avx2", "seed_1"]] and len(record["runs"]) == 4
+
+
+def _curve(budget: int, *points: tuple[int, float, int]) -> dict:
+    return {"budget": budget, "points": [
+        {"rollouts": x, "success": y, "budget_point": k} for x, y, k in points
+    ]}  # fmt: skip
+
+
+def _cost_run(method: list[float], base: list[float], other: list[float]) -> dict:
+    """A run with three RL arms whose curves take the given values at 0, 512, 1024 (= budget)."""
+    xs = (0, 512, 1024)
+    arms = {"base": {"heldout_success": 0.0}, "sft": {"heldout_success": base[0]}}
+    for name, ys in (("rctp_rcgrpo", method), ("sft_grpo_dynamic", base), ("sft_grpo", other)):
+        c = _curve(1024, *zip(xs, ys, range(3), strict=True))
+        area = (512 * (ys[0] + ys[1]) / 2 + 512 * (ys[1] + ys[2]) / 2) / 1024
+        arms[name] = {"start_success": ys[0], "heldout_success": ys[-1], "curve": c, "auc": area}
+    return {"arms": arms, "targets": {}, "wall_s": 1.0}
+
+
+def test_curves_cost_and_paired_area_by_hand():
+    runs = {
+        "seed_0": _cost_run([0.5, 0.7, 0.7], [0.5, 0.6, 0.7], [0.5, 0.5, 0.6]),
+        "seed_1": _cost_run([0.4, 0.6, 0.8], [0.4, 0.4, 0.6], [0.4, 0.4, 0.4]),
+    }
+    agg = seeds.aggregate(runs)
+    # the method's curve at each budget point: mean and t half-width over the two runs
+    band = agg["curves"]["rctp_rcgrpo"]
+    assert [r["point"] for r in band] == [0, 1, 2]
+    assert [r["rollouts"] for r in band] == [0, 512, 1024]
+    assert band[1]["mean"] == pytest.approx(0.65)
+    assert band[1]["ci95"] == pytest.approx(_t([0.7, 0.6]))
+    # trajectories to reach the dynamic SFT → GRPO's final (0.7 on seed 0, 0.6 on seed 1):
+    # the method 512 and 512, the reference 1024 and 1024 (ratio 2x), sft_grpo never
+    cost = agg["cost"]
+    assert cost["rctp_rcgrpo"]["runs"]["seed_0"] == {"target": 0.7, "needed": 512, "ratio": 2.0}
+    assert cost["rctp_rcgrpo"]["reached"] == 2 and cost["rctp_rcgrpo"]["needed_mean"] == 512
+    assert cost["rctp_rcgrpo"]["ratio_geomean"] == pytest.approx(2.0)
+    assert cost["sft_grpo_dynamic"]["ratio_geomean"] == pytest.approx(1.0)
+    assert cost["sft_grpo"]["reached"] == 0 and cost["sft_grpo"]["needed_mean"] is None
+    # paired area, method − each baseline, by hand: seed 0 areas 0.65 / 0.6 / 0.525,
+    # seed 1 0.6 / 0.45 / 0.4
+    area = agg["paired_cost"]["area rctp_rcgrpo - sft_grpo_dynamic"]
+    assert area["mean"] == pytest.approx((0.05 + 0.15) / 2)
+    assert area["ci95"] == pytest.approx(_t([0.05, 0.15]))
+    final = agg["paired_cost"]["final rctp_rcgrpo - sft_grpo"]
+    assert final["mean"] == pytest.approx((0.1 + 0.4) / 2) and final["n"] == 2
+    report = seeds.format_report(runs, agg)
+    assert "success % at trajectories" in report and "2.00x" in report
+    assert "area rctp_rcgrpo - sft_grpo_dynamic" in report

@@ -21,12 +21,21 @@ from conftest import REPO, xla_flags
 
 from rcgrpo_jax import machine, models
 from rcgrpo_jax.rl.advantages import sample_reward_tokens
+from rcgrpo_jax.rl.arms import rl_arms
+from rcgrpo_jax.rl.curve import Curve
 from rcgrpo_jax.stages import all as experiment
 from rcgrpo_jax.stages.rl import shuffled
 from rcgrpo_jax.train.metrics import read_jsonl
 
-# the real arms, then the controls the run below asks for
-ARMS = experiment.RL_ARMS + experiment.CONTROLS["shuffled"] + experiment.CONTROLS["lr0"]
+# the arms and controls the run below asks for: every plain cell, dynamic SFT → GRPO, and the
+# controls of SFT → GRPO and RCTP → RC-GRPO
+ARM_NAMES = ("paper", "sft_grpo_dynamic")
+ARMS = {
+    a.name: a
+    for a in rl_arms(
+        SimpleNamespace(arms=ARM_NAMES, controls=("shuffled", "lr0"))  # what rl_arms reads
+    )
+}
 
 # configs/tiny.py shrunk to seconds per stage; run through the real command line, on 2 devices.
 OVERRIDES = {
@@ -47,12 +56,12 @@ OVERRIDES = {
     "rl.num_prompts": 2,
     "rl.group_size": 2,
     "rl.max_new_tokens": 16,
-    "rl.eval_every": 2,
+    # held-out success at the start and after 4 and 8 trajectories (the budget: 2 x 2 x 2)
+    "rl.eval_every": 0,
+    "rl.eval_points": 2,
     "rl.checkpoint_every": 1,
-    # plain GRPO with a budget of steps x P x G, so that the grid keeps its dynamic arm (with
-    # the demo's dynamic sampling for every arm it would repeat sft_grpo and is left out)
-    "rl.dynamic_sampling": False,
     "rl.max_rollouts": 0,
+    "arms": repr(ARM_NAMES),
     "eval.max_new_tokens": 16,
     "eval.max_entries": 4,
     "eval.samples": 2,
@@ -110,7 +119,7 @@ def test_every_stage_reports_its_wall_and_compile_time(run_all):
     spent compiling: arms after the first share its programs (one RL step per shape)."""
     config, _ = run_all
     root = Path(config.workdir)
-    stages = ["warm_start", "sft", "rctp", *(name for name, *_ in experiment.RL_ARMS)]
+    stages = ["warm_start", "sft", "rctp", *ARMS]
     times = {}
     for stage in stages:
         t = json.loads((root / stage / "summary.json").read_text())["time"]
@@ -126,14 +135,14 @@ def test_every_stage_reports_its_wall_and_compile_time(run_all):
     assert times["rctp_grpo"]["programs"] < times["sft_grpo"]["programs"]
 
 
-@pytest.mark.parametrize("arm", [name for name, *_ in ARMS])
+@pytest.mark.parametrize("arm", list(ARMS))
 def test_rl_arm_logs_are_consistent(run_all, arm):
     config, _ = run_all
     root = Path(config.workdir) / arm
     metrics = read_jsonl(root / "metrics.jsonl")
     rollouts = read_jsonl(root / "rollouts.jsonl")
     p, g = config.rl.num_prompts, config.rl.group_size
-    _, init, algo, overrides = next(a for a in ARMS if a[0] == arm)
+    init, algo, overrides = ARMS[arm].init, ARMS[arm].algo, ARMS[arm].rl
     dynamic = overrides.get("dynamic_sampling")
     # the start's evaluation (iteration 0), greedy and sampled, before any update
     start, metrics = metrics[0], metrics[1:]
@@ -164,6 +173,26 @@ def test_rl_arm_logs_are_consistent(run_all, arm):
         informative = (~(rewards == rewards[:, :1]).all(1)).any()
         assert m["applied_frac"] == (1.0 if informative else 0.0)
     assert "eval_success" in metrics[-1] and 0.0 <= metrics[-1]["eval_success"] <= 1.0
+    # the budget, spent to within one round; the count per record is cumulative
+    budget = 2 * p * g
+    total = sum(m["generated_rollouts"] for m in metrics)
+    assert budget - g < total <= budget
+    assert [m["rollouts"] for m in metrics] == list(
+        np.cumsum([m["generated_rollouts"] for m in metrics])
+    )
+    # the curve: the start, then a measurement each time a budget point (4, 8) is first
+    # reached, the last standing for the budget; in summary.json as in the metrics
+    summary = json.loads((root / "summary.json").read_text())
+    curve = Curve.from_dict(summary["curve"])
+    assert summary["ended"] == "budget" and summary["generated_rollouts"] == total
+    assert curve == Curve.from_records([start, *metrics], budget)
+    assert curve.points[0].rollouts == 0 and curve.points[-1].budget_point == 2
+    marks = [pt.budget_point for pt in curve.points]
+    assert marks == sorted(set(marks))  # one measurement per point reached, in order
+    assert summary["auc"] == pytest.approx(curve.area())
+    # success per task kind beside every evaluation
+    kinds = {k: v for k, v in metrics[-1].items() if k.startswith("eval_by_kind/")}
+    assert kinds and all(0.0 <= v <= 1.0 for v in kinds.values())
     assert (root / "export" / "config.json").exists() and (root / "dynamics.png").exists()
     if arm.endswith("_lr0"):  # lr 0: the export is its start, bit for bit, and so is its score
         _, start_params = models.load_hf(Path(config.workdir) / init / "export")
@@ -176,13 +205,17 @@ def test_experiment_summary_and_table(run_all):
     config, summary = run_all
     root = Path(config.workdir)
     on_disk = json.loads((root / "summary.json").read_text())
-    rl_arms = [name for name, *_ in ARMS]
-    assert on_disk["arms"].keys() == {"base", "warm_start", "sft", "rctp", *rl_arms}
-    assert set(rl_arms) == {
+    rl_names = list(ARMS)
+    assert on_disk["arms"].keys() == {"base", "warm_start", "sft", "rctp", *rl_names}
+    assert set(rl_names) == {
         "sft_grpo", "sft_rcgrpo", "rctp_rcgrpo", "rctp_grpo", "sft_grpo_dynamic",
-        "sft_grpo_shuffled", "rctp_rcgrpo_shuffled", "rctp_rcgrpo_lr0",
+        "sft_grpo_shuffled", "rctp_rcgrpo_shuffled", "sft_grpo_dynamic_shuffled",
+        "rctp_rcgrpo_lr0",
     }  # fmt: skip
-    table = experiment.format_table(on_disk) + "\n" + experiment.format_targets(on_disk["targets"])
+    parts = (experiment.format_table(on_disk), experiment.format_kinds(on_disk),
+             experiment.format_targets(on_disk["targets"]))  # fmt: skip
+    table = "\n".join(part for part in parts if part)
+    assert experiment.format_kinds(on_disk)  # success per task kind, every arm a column
     *head, last = (root / "table.txt").read_text().strip().splitlines()
     assert "\n".join(head) == table.strip()
     # every stage ran here, so the table names one machine: the one the figures came from
@@ -196,7 +229,7 @@ def test_experiment_summary_and_table(run_all):
         assert 0.0 <= row["heldout_success"] <= 1.0
     assert on_disk["arms"]["rctp"].keys() >= {"success_high", "success_low"}
     assert (root / "dynamics.png").stat().st_size > 0
-    for name in rl_arms:
+    for name in rl_names:
         rows = read_jsonl(root / name / "metrics.jsonl")
         arm = on_disk["arms"][name]
         assert arm.keys() >= {"degenerate_frac", "entropy", "start_success", "sampled_success"}
@@ -225,7 +258,7 @@ def test_default_output_is_quiet(run_all):
     noise = [line for line in lines if LIBRARY_LINE.search(line)]
     assert noise == [], noise[:5]
     out = config.stdout.splitlines()
-    for arm in ("base", "warm_start", "sft", "rctp", *(name for name, *_ in ARMS)):
+    for arm in ("base", "warm_start", "sft", "rctp", *ARMS):
         assert any(re.match(rf"{arm}( \([^)]+\))?: ", line) for line in out), (arm, out)
     assert config.stdout.rstrip().endswith(
         (Path(config.workdir) / "table.txt").read_text().rstrip()
@@ -244,7 +277,13 @@ def test_rl_resume_is_exact(run_all, tmp_path):
     def arm(workdir, steps):
         main(
             workdir,
-            **{"stage": "rcgrpo", "rl.init_from": init, "rl.steps": steps, "rl.eval_every": 0},
+            **{
+                "stage": "rcgrpo",
+                "rl.init_from": init,
+                "rl.steps": steps,
+                "rl.eval_every": 0,
+                "rl.eval_points": 0,
+            },
         )
 
     arm(tmp_path / "once", 2)
@@ -269,7 +308,7 @@ def test_dynamic_sampling_trains_informative_groups_within_budget(tmp_path):
     counted, and the count survives the resume (it reaches the budget of 20 mid-iteration)."""
     p, g, budget = OVERRIDES["rl.num_prompts"], OVERRIDES["rl.group_size"], 20
     run = {"stage": "grpo", "rl.dynamic_sampling": True, "rl.dynamic_max_rounds": 3,
-           "rl.max_rollouts": budget, "rl.eval_every": 0}  # fmt: skip
+           "rl.max_rollouts": budget, "rl.eval_every": 0, "rl.eval_points": 0}  # fmt: skip
     main(tmp_path, **run, **{"rl.steps": 1})
     main(tmp_path, **run, **{"rl.steps": 2})
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
@@ -301,7 +340,7 @@ def test_all_killed_in_a_middle_arm_resumes_exactly(run_all, tmp_path):
 
     config, _ = run_all
     ref, workdir = Path(config.workdir), tmp_path / "all"
-    names = [name for name, *_ in ARMS]
+    names = list(ARMS)
     later = {*names[names.index("rctp_rcgrpo") :], "summary.json", "table.txt", "dynamics.png"}
     shutil.copytree(
         ref, workdir, ignore=lambda d, names: later & set(names) if d == str(ref) else ()

@@ -122,6 +122,12 @@ def test_difficulty_knobs():
     )
     only = synthetic.make_tasks("test", 4, seed=0, templates=("rename_by_ext",), followup=0.0)
     assert all(e.question[0][0]["content"].startswith(("Rename", "There")) for e in only)
+    # a task's kind: its turns' templates in order (what evaluations report success by)
+    assert {k for e in only for k in e.kind.split(">")} == {"rename_by_ext"}
+    for e in hard:
+        kinds = e.kind.split(">")
+        assert len(kinds) == e.num_turns and kinds[0] in synthetic.MAIN_TEMPLATES
+        assert set(kinds) <= {*synthetic.MAIN_TEMPLATES, *synthetic.FOLLOWUP_TEMPLATES}
     for bad in ({"turns": (0, 2)}, {"depth": 0}, {"templates": ("nope",)}):
         with pytest.raises(ValueError):
             synthetic.make_tasks("train", 1, **bad)
@@ -447,3 +453,22 @@ def test_without_num_rl_the_splits_are_unchanged(tasks):
         env.tasks("valid")
     with pytest.raises(ValueError, match="num_rl"):
         SyntheticEnvironment(num_rl=-1)
+
+
+def test_multiturn_task_set_acts_on_what_the_earlier_turn_touched():
+    """configs/tiny_multiturn.py's tasks: 2-3 turns, every later turn a follow-up whose call
+    names the file the previous turn's calls produced or found."""
+    from conftest import shipped_config
+
+    from rcgrpo_jax.envs.calls import parse_call
+
+    d = shipped_config("tiny_multiturn").env.synthetic.difficulty
+    tasks = synthetic.make_tasks("test", 24, seed=3, **d.to_dict())
+    assert {e.num_turns for e in tasks} == {2, 3}
+    for e in tasks:
+        kinds = e.kind.split(">")
+        assert kinds[0] in d.templates and set(kinds[1:]) <= set(synthetic.FOLLOWUP_TEMPLATES)
+        for t in range(1, e.num_turns):
+            call = parse_call(e.ground_truth[t][-1])
+            file = call.kwargs.get("source", call.kwargs.get("file_name"))
+            assert file and file in " ".join(e.ground_truth[t - 1]), (e.kind, e.ground_truth)

@@ -44,13 +44,20 @@ class EpisodeSettings:
 
 
 class Task(Protocol):
-    """One task: what runs log and report by."""
+    """One task: what runs log and report by. A task may also carry a `kind` (str: what sort
+    of task it is, finer than its category); evaluations report success per kind."""
 
     @property
     def id(self) -> str: ...
 
     @property
     def category(self) -> str: ...
+
+
+def task_kind(task: Task) -> str:
+    """What evaluations group a task's success by: its `kind` where it has one, else its
+    category."""
+    return getattr(task, "kind", "") or task.category
 
 
 class Episode(Protocol):

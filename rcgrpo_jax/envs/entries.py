@@ -51,6 +51,9 @@ class Entry:
     # The environment's choice of system prompt: a few lines with one signature per function
     # (`prompts.system_message(compact=True)`, python call format) instead of BFCL's.
     compact_prompt: bool = False
+    # What sort of task it is, for success per kind (`envs.base.task_kind`); "" = its category.
+    # Synthetic tasks: their turns' templates joined by ">".
+    kind: str = ""
 
     @property
     def long_context(self) -> bool:

@@ -673,9 +673,10 @@ def _next_turn(ctx: _Ctx, kinds: Sequence[str]) -> tuple[str, Turn] | None:
 
 def generate(
     rng: random.Random, split: str, diff: Difficulty, *, rl_split: bool = False
-) -> tuple[dict, list[Turn]] | None:
-    """One task's initial config and turns from `rng`, or None if a template had no target.
-    `rl_split`: names of the three-way split (`NAMES3`)."""
+) -> tuple[dict, list[Turn], str] | None:
+    """One task's initial config, turns and kind (its turns' templates joined by ">") from
+    `rng`, or None if a template had no target. `rl_split`: names of the three-way split
+    (`NAMES3`)."""
     # Enough names for every folder (up to 2 * depth), its files and subfolder, the root,
     # its file and the names the turns create; contents reuse names not taken yet.
     size = 2 * diff.depth * (diff.distractors + 2) + 8 + 2 * diff.turns[1]
@@ -684,6 +685,7 @@ def generate(
     (instances,) = load_instances(config, CLASSES, long_context=False)
     ctx = _Ctx(rng, take, instances["GorillaFileSystem"])
     turns: list[Turn] = []
+    kinds: list[str] = []
     for t in range(rng.randint(*diff.turns)):
         use_followup = t > 0 and rng.random() < diff.followup
         picked = _next_turn(ctx, list(FOLLOWUP_TEMPLATES)) if use_followup else None
@@ -692,10 +694,13 @@ def generate(
             return None
         ctx.last = picked[0]
         turns.append(picked[1])
-    return config, turns
+        kinds.append(picked[0])
+    return config, turns, ">".join(kinds)
 
 
-def to_entry(task_id: str, index: int, config: dict, turns: Sequence[Turn]) -> Entry:
+def to_entry(
+    task_id: str, index: int, config: dict, turns: Sequence[Turn], kind: str = ""
+) -> Entry:
     """An `Entry` like BFCL's, with the ground truth also kept as steps."""
     return Entry(
         id=task_id,
@@ -709,6 +714,7 @@ def to_entry(task_id: str, index: int, config: dict, turns: Sequence[Turn]) -> E
         function_docs=FUNCTION_DOCS,
         ground_truth_steps=tuple(tuple(tuple(s) for s in steps) for _, steps in turns),
         compact_prompt=True,
+        kind=kind,
     )
 
 

@@ -6,12 +6,12 @@
     RCTP ─▶ RC-GRPO    (the method)
     RCTP ─▶ GRPO       (RCTP without conditioned sampling: every rollout and the evaluation under
                         <|high_reward|>, so the groups get no injected variance)
-    SFT  ─▶ GRPO with dynamic sampling (DAPO's other answer to σ_g → 0: roll out more prompts
-                        and train on the informative groups only, within the same budget)
+    each plain (the paper's: one round of P × G rollouts per iteration) or `_dynamic` (DAPO's
+    other answer to σ_g → 0: degenerate groups dropped and refilled by further rounds)
 
-Controls (`config.controls`): "shuffled" runs SFT → GRPO and RCTP → RC-GRPO again with the
-rewards permuted within each batch (what the reward signal adds), "lr0" RCTP → RC-GRPO at lr 0
-(the measurement alone: its change must be exactly 0). Every arm's change is its end minus its
+`config.arms` picks the cells (`rl.arms`); `config.controls` adds "shuffled" (rewards permuted
+within each batch: what the reward signal adds) and "lr0" (lr 0: the measurement alone, its
+change exactly 0) beside each chosen arm it controls. Every arm's change is its end minus its
 start, both evaluated by its RL stage under the arm's own token.
 
 RCTP → GRPO samples under one fixed token rather than none: the RCTP model has only seen
@@ -19,13 +19,15 @@ prompts that carry a token, so without one it is off its training distribution a
 would measure that, not what RC-GRPO's mixed-token groups add.
 
 Each stage runs in its own sub-directory of the workdir (`sft/`, `rctp/`, ...) and is resumable
-on its own; a finished stage (its `summary.json` exists) is not run again. Every RL arm gets the
-same budget of generated trajectories (`rl.max_rollouts`, default steps x P x G) and at most
-`rl.steps` iterations; the dynamic arm spends its budget faster, so it may run fewer.
-Results: `summary.json` (per arm, the demo's three targets, the machine), a printed table, and
-`dynamics.png` (reward, degenerate-group fraction, entropy per RL iteration, one line per arm)
-and `rl.png` (held-out success at the evaluations, training reward under each token, degenerate
-fraction, entropy, and entropy against reward, per arm).
+on its own; a finished stage (its `summary.json` exists) is not run again. The arms are compared
+at equal cost: every RL arm generates the same budget of trajectories (`rl.max_rollouts`,
+default steps × P × G), however many iterations that takes (`rl.steps` only caps them; an arm it
+stops says so), and with `rl.eval_points` is evaluated at the same trajectory counts (`rl.curve`).
+Results: `summary.json` (per arm its figures, curve and area, success per task kind; the demo's
+three targets; the machine), a printed table, `dynamics.png` (reward, degenerate-group fraction,
+entropy per RL iteration, one line per arm) and `rl.png` (against trajectories generated:
+held-out success, training reward under each token, degenerate fraction, entropy; and entropy
+against reward, per arm).
 """
 
 from __future__ import annotations
@@ -33,47 +35,19 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import ml_collections
 
 from rcgrpo_jax import machine
+from rcgrpo_jax.rl.arms import rl_arms
 from rcgrpo_jax.stages import setup
 from rcgrpo_jax.train import plots
 from rcgrpo_jax.train.metrics import write_atomic
 
-RL_ARMS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
-    # (name, stage-1 run, RL algorithm, rl overrides)
-    ("sft_grpo", "sft", "grpo", {}),
-    ("sft_rcgrpo", "sft", "rcgrpo", {}),
-    ("rctp_rcgrpo", "rctp", "rcgrpo", {}),
-    ("rctp_grpo", "rctp", "grpo", {"grpo_token": "high"}),
-    ("sft_grpo_dynamic", "sft", "grpo", {"dynamic_sampling": True}),
-)
-# Controls (`config.controls`): (name, stage-1 run, RL algorithm, rl overrides) per control kind.
-CONTROLS: dict[str, tuple[tuple[str, str, str, dict[str, Any]], ...]] = {
-    "shuffled": (
-        ("sft_grpo_shuffled", "sft", "grpo", {"shuffle_rewards": True}),
-        ("rctp_rcgrpo_shuffled", "rctp", "rcgrpo", {"shuffle_rewards": True}),
-    ),
-    "lr0": (("rctp_rcgrpo_lr0", "rctp", "rcgrpo", {"optim.lr": 0.0}),),
-}
 DYNAMICS = ("reward_mean", "degenerate_frac", "entropy")
-
-
-def rl_arms(config: ml_collections.ConfigDict) -> tuple[tuple[str, str, str, dict[str, Any]], ...]:
-    """The RL arms stage `all` runs: `RL_ARMS`, then the controls `config.controls` names.
-
-    An arm whose overrides are all already the config's values would repeat another arm's run
-    exactly (the dynamic arm when `rl.dynamic_sampling` is on for every arm): it is left out."""
-    arms = RL_ARMS + tuple(arm for kind in config.controls for arm in CONTROLS[kind])
-    return tuple(arm for arm in arms if not arm[3] or not _already(config, arm[3]))
-
-
-def _already(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> bool:
-    """Whether every `rl` override ("optim.lr": rl.optim.lr) equals the config's own value."""
-    return all(_node(config.rl, key.split(".")) == v for key, v in overrides.items())
 
 
 def _node(root: ml_collections.ConfigDict, path: list[str]) -> Any:
@@ -82,7 +56,7 @@ def _node(root: ml_collections.ConfigDict, path: list[str]) -> Any:
     return root
 
 
-def _sub(config: ml_collections.ConfigDict, stage: str, name: str, **rl: Any):
+def _sub(config: ml_collections.ConfigDict, stage: str, name: str, rl: Mapping[str, Any] = {}):
     """The config of one stage; RL arms read the tokenizer saved with their stage-1 export."""
     c = ml_collections.ConfigDict(config.to_dict())
     c.stage = stage
@@ -116,52 +90,102 @@ def _run_once(c: ml_collections.ConfigDict, fn, what: str) -> dict[str, Any]:
     return fn(c)
 
 
-def _base_success(config: ml_collections.ConfigDict) -> float:
-    """Held-out success of the initial model (no training)."""
-    from rcgrpo_jax.stages.eval import success_rate
+def _base_success(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """Held-out success of the initial model (no training): its record (`heldout_success`,
+    per task kind `kinds`)."""
+    from rcgrpo_jax.stages.eval import measure_success
 
     c = _sub(config, "eval", "base")
     done = Path(c.workdir) / "summary.json"
     if done.exists():
-        return json.loads(done.read_text())["heldout_success"]
+        return json.loads(done.read_text())
     Path(c.workdir).mkdir(parents=True, exist_ok=True)
     mesh = setup.mesh_from_config(c)
     tokenizer = setup.tokenizer_from_config(c)
     model = setup.model_from_config(c, mesh)
     entries = setup.task_entries(c, "test")[: int(c.eval.max_entries) or None]
-    rate = success_rate(c, model, tokenizer, mesh, entries, None)
-    record = {"heldout_success": rate, "machine": machine.describe()}
+    measured = measure_success(c, model, tokenizer, mesh, entries, None)
+    record = {
+        "heldout_success": measured.rate,
+        "kinds": measured.by_kind,
+        "machine": machine.describe(),
+    }
     write_atomic(done, json.dumps(record) + "\n")  # "done" marks the arm
-    return rate
+    return record
 
 
 def _stage1_row(summary: dict[str, Any]) -> dict[str, Any]:
     """A stage-1 run's table row: held-out success (RCTP: under the high token) and, for RCTP,
-    success under each reward token."""
+    success under each reward token; per task kind under each."""
     got = summary.get("heldout_success", {})
     return {
         "heldout_success": got.get("none", got.get("high")),
         "success_high": got.get("high"),
         "success_low": got.get("low"),
+        "kinds": summary.get("heldout_by_kind", {}),
     }
 
 
 def format_table(summary: dict[str, Any]) -> str:
+    """One row per arm: held-out success at the start and end, the area under success against
+    trajectories (`auc`: the mean over the budget), RCTP's success under each token, the
+    degenerate-group fraction, entropy, and the trajectories generated ("*": rl.steps ended
+    the arm before its budget)."""
     pct = lambda x: "   -  " if x is None or x != x else f"{100 * x:6.1f}"
     w = max(16, *(len(name) + 1 for name in summary["arms"]))
     lines = [
-        f"{'arm':<{w}}{'start %':>8}{'held-out %':>11}{'high-tok %':>11}{'low-tok %':>10}"
-        f"{'degenerate':>11}{'entropy':>9}",
+        f"{'arm':<{w}}{'start %':>8}{'held-out %':>11}{'area %':>8}{'high-tok %':>11}"
+        f"{'low-tok %':>10}{'degenerate':>11}{'entropy':>9}{'trajectories':>13}",
     ]
     for name, row in summary["arms"].items():
-        ent = row.get("entropy")
+        ent, n = row.get("entropy"), row.get("generated_rollouts")
+        spent = "-" if n is None else f"{n}{'*' if row.get('ended') == 'steps' else ''}"
         lines.append(
             f"{name:<{w}}{pct(row.get('start_success')):>8}"
-            f"{pct(row.get('heldout_success')):>11}{pct(row.get('success_high')):>11}"
+            f"{pct(row.get('heldout_success')):>11}{pct(row.get('auc')):>8}"
+            f"{pct(row.get('success_high')):>11}"
             f"{pct(row.get('success_low')):>10}{pct(row.get('degenerate_frac')):>11}"
-            f"{'   -' if ent is None or ent != ent else f'{ent:9.3f}':>9}"
+            f"{'   -' if ent is None or ent != ent else f'{ent:9.3f}':>9}{spent:>13}"
         )
     return "\n".join(lines)
+
+
+def format_kinds(summary: dict[str, Any]) -> str:
+    """Held-out success per task kind (%): a row per kind, a column per arm (stage-1 arms: at
+    their end, RCTP under the high token; RL arms: at their end); "" without per-kind figures."""
+    cols = {}
+    for name, row in summary["arms"].items():
+        kinds = row.get("kinds") or {}
+        got = kinds.get("end") or kinds.get("none") or kinds.get("high")
+        if got:
+            cols[name] = got
+    if not cols:
+        return ""
+    names = sorted({k for got in cols.values() for k in got})
+    title = "success per task kind %"
+    w = max(len(title) + 1, *(len(k) + 1 for k in names))
+    width = {n: max(len(n), 5) + 2 for n in cols}
+    rows = [f"{title:<{w}}" + "".join(f"{n:>{width[n]}}" for n in cols)]
+    for k in names:
+        cells = (
+            f"{'-' if got.get(k) is None else f'{100 * got[k]:.1f}':>{width[n]}}"
+            for n, got in cols.items()
+        )
+        rows.append(f"{k:<{w}}" + "".join(cells))
+    return "\n".join(rows)
+
+
+STAGE1 = ("base", "warm_start", "sft", "rctp")  # every other arm of a summary is an RL arm
+
+
+def _degenerate(arms: Mapping[str, Mapping[str, Any]]) -> tuple[Any, Any]:
+    """Mean degenerate-group fractions of RCTP → RC-GRPO and SFT → GRPO, both plain where both
+    ran, else both dynamic (target 3 compares like with like); (None, None) without a pair."""
+    for suffix in ("", "_dynamic"):
+        rc, g = arms.get(f"rctp_rcgrpo{suffix}"), arms.get(f"sft_grpo{suffix}")
+        if rc and g:
+            return rc.get("degenerate_frac"), g.get("degenerate_frac")
+    return None, None
 
 
 SFT_BAND = (0.2, 0.8)  # target 1: the SFT policy is neither hopeless nor saturated
@@ -180,12 +204,11 @@ def targets(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     get = lambda arm, key: arms.get(arm, {}).get(key)
     base, sft = get("base", "heldout_success"), get("sft", "heldout_success")
     high, low = get("rctp", "success_high"), get("rctp", "success_low")
-    deg_rc, deg_g = get("rctp_rcgrpo", "degenerate_frac"), get("sft_grpo", "degenerate_frac")
-    controls = [arm for kinds in CONTROLS.values() for arm in kinds]
+    deg_rc, deg_g = _degenerate(arms)
     start = {
-        name: get(name, "start_success") if get(name, "start_success") is not None
-        else get(init, "heldout_success")
-        for name, init, *_ in (*RL_ARMS, *controls)
+        name: row.get("start_success") if row.get("start_success") is not None
+        else get(name.split("_")[0], "heldout_success")
+        for name, row in arms.items() if name not in STAGE1
     }  # fmt: skip
     return {
         "sft_in_band": None if sft is None or base is None
@@ -239,8 +262,10 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         setup.tokenizer_from_config(config)
         config.tokenizer_path = str(workdir / "tokenizer")
     base = _base_success(config)
-    print(f"base: held-out success {base:.1%} (the initial model)", flush=True)
-    arms: dict[str, dict[str, Any]] = {"base": {"heldout_success": base}}
+    print(f"base: held-out success {base['heldout_success']:.1%} (the initial model)", flush=True)
+    arms: dict[str, dict[str, Any]] = {
+        "base": {"heldout_success": base["heldout_success"], "kinds": {"none": base["kinds"]}}
+    }
     start = ""
     if int(config.train.warm_start_steps) > 0:
         c = _sub(config, "sft", "warm_start")
@@ -260,14 +285,15 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         what = f"{c.train.steps} steps from {'the warm start' if start else 'the base'}"
         arms[stage] = _stage1_row(_run_once(c, functools.partial(sft.run, name=stage), what))
     arms_run = rl_arms(config)
-    for name, init, algo, overrides in arms_run:
-        init_from = str(workdir / init / "export")
-        c = _sub(config, algo, name, init_from=init_from, **overrides)
-        arm = functools.partial(rl_loop.run, name=name)
-        _run_once(c, arm, f"{c.rl.steps} iterations from {init}")
-        arms[name] = rl_loop.run_stats(Path(c.workdir))
+    for arm in arms_run:
+        init_from = str(workdir / arm.init / "export")
+        c = _sub(config, arm.algo, arm.name, {**arm.rl, "init_from": init_from})
+        what = f"{rl_loop.rollout_budget(c.rl)} trajectories from {arm.init}"
+        what += ", dynamic sampling" if arm.dynamic else ""
+        done = _run_once(c, functools.partial(rl_loop.run, name=arm.name), what)
+        arms[arm.name] = {**rl_loop.run_stats(Path(c.workdir)), "ended": done.get("ended")}
 
-    runs = {name: workdir / name / "metrics.jsonl" for name, *_ in arms_run}
+    runs = {arm.name: workdir / arm.name / "metrics.jsonl" for arm in arms_run}
     plots.plot_metrics(runs, DYNAMICS, workdir / "dynamics.png")
     plots.plot_rl(runs, workdir / "rl.png", title="RL arms: held-out success, reward, dynamics")
     summary = {
@@ -283,11 +309,14 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         for name in arms
     }
     table = "\n".join(
-        (
+        part
+        for part in (
             format_table(summary),
+            format_kinds(summary),
             format_targets(summary["targets"]),
             format_machines(summary["machine"], stages),
         )
+        if part
     )
     summary["table"] = table
     write_atomic(workdir / "summary.json", json.dumps(summary, indent=1) + "\n")

@@ -22,6 +22,7 @@ model.chat_format ('qwen' | 'llama' | 'python').
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ import ml_collections
 
 from rcgrpo_jax import machine
 from rcgrpo_jax.envs import Episode, EpisodeSettings, policies
+from rcgrpo_jax.envs.base import task_kind
 from rcgrpo_jax.envs.reward import ERROR_TYPES, RewardResult
 from rcgrpo_jax.envs.reward_tokens import NONE
 from rcgrpo_jax.errors import UserError
@@ -178,7 +180,8 @@ def _model_rollouts(
     """`rl.rollout.Rollouts` of `env`'s `entries` conditioned on `reward_token` (None: no
     token), `eval.batch_size` (0 = all) at a time: one greedy rollout per entry (eval.temperature),
     or with `samples` k > 0, k per entry at `eval.sample_temperature`. Entries whose prompt
-    alone does not fit `eval.max_len` are left out (said once)."""
+    alone does not fit `eval.max_len` are left out (said once). Returns (entries, their
+    rollouts) per batch."""
     import numpy as np
 
     from rcgrpo_jax.rl.rollout import RolloutSettings, collect
@@ -203,11 +206,24 @@ def _model_rollouts(
         chunk = entries[i : i + size]
         token = NONE if reward_token is None else int(reward_token)
         tokens = np.full((len(chunk), max(samples, 1)), token, np.int32)
-        out.append(collect(cfg, params, tokenizer, env, chunk, tokens, settings, seed=i, mesh=mesh))
+        ro = collect(cfg, params, tokenizer, env, chunk, tokens, settings, seed=i, mesh=mesh)
+        out.append((chunk, ro))
     return out
 
 
-def success_rate(
+@dataclasses.dataclass(frozen=True)
+class Success:
+    """Held-out success: over every rollout (`rate`), per task kind (`by_kind`,
+    `envs.base.task_kind`: where a change came from), and the fraction of entries solved by
+    some of their rollouts but not all (`sometimes`: with several samples per entry, the
+    prompts on which a group can carry signal; 0 with one rollout per entry)."""
+
+    rate: float
+    by_kind: dict[str, float]
+    sometimes: float = 0.0
+
+
+def measure_success(
     config: ml_collections.ConfigDict,
     model: tuple[Any, Any],
     tokenizer: Any,
@@ -215,42 +231,48 @@ def success_rate(
     entries,
     reward_token,
     samples: int = 0,
-) -> float:
+) -> Success:
     """Held-out success of the model (eval.* sampling settings), conditioned on `reward_token`
-    (None: no token) — for periodic RL evaluation and the RCTP controllability report. With
-    `samples` k > 0: the mean success of k rollouts per entry at `eval.sample_temperature`
-    (sees a policy's change before its greedy choice flips). A measurement this process has
-    already made (the same parameters, tokenizer, entries and settings) is not run again: its
-    first value is returned, also where an environment's wall-clock limit
-    (`env.call_timeout_s`) could have scored a repeat differently."""
+    (None: no token), overall and per task kind — for periodic RL evaluation and the RCTP
+    controllability report. With `samples` k > 0: the mean success of k rollouts per entry at
+    `eval.sample_temperature` (sees a policy's change before its greedy choice flips). A
+    measurement this process has already made (the same parameters, tokenizer, entries and
+    settings) is not run again: its first value is returned, also where an environment's
+    wall-clock limit (`env.call_timeout_s`) could have scored a repeat differently."""
     key = _measurement_key(config, model, tokenizer, mesh, entries, reward_token, samples)
     if key is not None and key in _MEASURED:
         return _MEASURED[key]
     env = setup.environment(config)
-    rewards = [
-        float(x)
-        for ro in _model_rollouts(
-            config, env, entries, model, tokenizer, mesh, reward_token, samples
-        )
-        for x in ro.rewards.reshape(-1)
-    ]  # every rollout's reward, whichever process ran it
-    rate = sum(rewards) / max(len(rewards), 1)
+    per_kind: dict[str, list[float]] = collections.defaultdict(list)
+    per_entry: list[float] = []
+    for chunk, ro in _model_rollouts(
+        config, env, entries, model, tokenizer, mesh, reward_token, samples
+    ):  # every rollout's reward, whichever process ran it
+        for entry, row in zip(chunk, ro.rewards, strict=True):
+            per_kind[task_kind(entry)] += [float(x) for x in row]
+            per_entry.append(float(row.mean()))
+    rewards = [x for xs in per_kind.values() for x in xs]
+    out = Success(
+        rate=sum(rewards) / max(len(rewards), 1),
+        by_kind={k: sum(v) / len(v) for k, v in sorted(per_kind.items())},
+        sometimes=sum(0 < x < 1 for x in per_entry) / max(len(per_entry), 1),
+    )
     if key is not None:
-        _MEASURED[key] = rate
-    return rate
+        _MEASURED[key] = out
+    return out
 
 
-# Success rates measured in this process, by `_measurement_key`. Stage `all` evaluates each
+# Successes measured in this process, by `_measurement_key`. Stage `all` evaluates each
 # stage-1 policy at its end, and again as the start of every RL arm (and control) that begins
 # from it, under the same token: on the demo these repeats were ~10% of the run's time.
-_MEASURED: dict[str, float] = {}
+_MEASURED: dict[str, Success] = {}
 # Parameters above this size are not hashed: an evaluation of such a model is a small part
 # of its run, and reading them all to the host is not.
 _MEMO_MAX_BYTES = 1 << 28
 
 
 def _measurement_key(config, model, tokenizer, mesh, entries, reward_token, samples) -> str | None:
-    """A digest of everything `success_rate`'s value depends on: the parameters' bytes, the
+    """A digest of everything `measure_success`'s value depends on: the parameters' bytes, the
     model config, mesh, tokenizer (`setup.tokenizer_fingerprint`), the entries and the
     evaluation, environment and sampler settings. None (measure every time) in a
     multi-process run (every process must take the same path into the rollouts' collectives),
@@ -321,7 +343,7 @@ def run(
         rollouts = _model_rollouts(
             config, env, entries, model, tokenizer, mesh, config.eval.reward_token
         )
-        for ro in rollouts:
+        for _, ro in rollouts:
             mine = [
                 entry_record(e, res[0])
                 for e, res in zip(ro.episodes, ro.results, strict=True)

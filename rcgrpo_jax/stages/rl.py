@@ -23,9 +23,13 @@ One RL iteration, read top to bottom:
    checkpoint every `rl.checkpoint_every`; at the end export an HF directory and plot dynamics.
 
 Every generated trajectory counts against `rl.max_rollouts` (default: steps × P × G): the run
-ends after `rl.steps` iterations or when the budget is spent, whichever is first, so an arm with
-dynamic sampling generates no more trajectories than one without. The count is logged per
-iteration (`generated_rollouts`) and kept in the checkpoint's data state.
+ends when the budget is spent (fewer than G trajectories left) or after `rl.steps` iterations,
+whichever is first (the summary's `ended`; the end line says when rl.steps cut it short), so
+arms with and without dynamic sampling are compared at equal cost. The count is logged per
+iteration (`generated_rollouts`, and the running total `rollouts`) and kept in the
+checkpoint's data state. With `rl.eval_points` N the run also evaluates each time the total
+first reaches one of N evenly spaced points of the budget, recording which (`budget_point`);
+summary.json keeps the curve (`rl.curve`) and its area.
 
 Multi-process, every process runs this same loop (SPMD): the sampler and the train step are
 programs over the global mesh; each process runs the environment of its own share of the rows
@@ -44,6 +48,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import json
 import sys
 import time
 from pathlib import Path
@@ -57,12 +62,13 @@ from rcgrpo_jax import distributed
 from rcgrpo_jax.envs.reward_tokens import HIGH, LOW, NONE
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.rl.advantages import TokenDraw, degenerate_groups, draw_reward_tokens_jit
+from rcgrpo_jax.rl.curve import Curve, budget_points, reached
 from rcgrpo_jax.rl.dynamic import fill_groups, padded_batch
 from rcgrpo_jax.rl.losses import summarize
 from rcgrpo_jax.rl.rollout import Rollouts, RolloutSettings, collect, concat_groups
 from rcgrpo_jax.rl.train_step import NEXT_TOKENS, make_rl_step, sequence_logprobs
 from rcgrpo_jax.stages import setup
-from rcgrpo_jax.stages.eval import success_rate
+from rcgrpo_jax.stages.eval import measure_success
 from rcgrpo_jax.train import plots
 from rcgrpo_jax.train.metrics import JsonlLog, MetricsWriter, read_jsonl, writing
 from rcgrpo_jax.train.state import batch_sharding
@@ -72,6 +78,11 @@ DYNAMICS_KEYS = ("reward_mean", "degenerate_frac", "entropy")
 
 def _updates_per_iteration(rl: ml_collections.ConfigDict) -> int:
     return int(rl.epochs) * int(rl.minibatches)
+
+
+def rollout_budget(rl: ml_collections.ConfigDict) -> int:
+    """Trajectories the run may generate: `rl.max_rollouts`, or steps x P x G where it is 0."""
+    return int(rl.max_rollouts) or int(rl.steps) * int(rl.num_prompts) * int(rl.group_size)
 
 
 def _check(rl: ml_collections.ConfigDict, algo: str) -> None:
@@ -169,24 +180,48 @@ def shuffled(rewards: np.ndarray, seed: int, iteration: int) -> np.ndarray:
     return rng.permutation(rewards.reshape(-1)).reshape(rewards.shape)
 
 
+KIND_KEYS = {"eval_success": "eval_by_kind/", "eval_sampled": "eval_sampled_by_kind/"}
+
+
 def heldout(
     config, cfg, tokenizer, mesh, entries, token, params, sampled: bool = True
 ) -> dict[str, float]:
     """The RL evaluation record: greedy held-out success (`eval_success`) and, with
     `eval.samples` k and `sampled`, the mean success of k samples per entry (`eval_sampled`:
-    k times the rollouts of the greedy figure, so only at the start and the end)."""
+    k times the rollouts of the greedy figure, so only at the start and the end); each also
+    per task kind (`eval_by_kind/<kind>`, `eval_sampled_by_kind/<kind>`), and with samples the
+    fraction of entries solved by some samples but not all (`eval_sampled_sometimes`)."""
     model, k = (cfg, params), int(config.eval.samples)
-    out = {"eval_success": success_rate(config, model, tokenizer, mesh, entries, token)}
+    measured = {"eval_success": measure_success(config, model, tokenizer, mesh, entries, token)}
     if k and sampled:
-        out["eval_sampled"] = success_rate(config, model, tokenizer, mesh, entries, token, k)
+        measured["eval_sampled"] = measure_success(
+            config, model, tokenizer, mesh, entries, token, k
+        )
+    out: dict[str, float] = {}
+    for key, m in measured.items():
+        out[key] = m.rate
+        out.update({f"{KIND_KEYS[key]}{kind}": v for kind, v in m.by_kind.items()})
+    if "eval_sampled" in measured:  # held-out prompts a group could carry signal on
+        out["eval_sampled_sometimes"] = measured["eval_sampled"].sometimes
     return out
 
 
-def run_stats(workdir: Path) -> dict[str, float]:
+def by_kind(record: dict[str, Any], key: str = "eval_success") -> dict[str, float]:
+    """The per-kind values of a record's `key` (`KIND_KEYS`)."""
+    prefix = KIND_KEYS[key]
+    return {k.removeprefix(prefix): v for k, v in record.items() if k.startswith(prefix)}
+
+
+def run_stats(workdir: Path, budget: int | None = None) -> dict[str, Any]:
     """Over an RL run (its metrics.jsonl): mean degenerate-group fraction, entropy and reward,
     the fraction of updates applied, and held-out success at the start (the record of
-    iteration 0) and at the end (the last evaluation); sampled success too where measured."""
+    iteration 0) and at the end (the last evaluation); sampled success too where measured; the
+    trajectories generated, and held-out success against them (`curve`, its normalised area
+    `auc`) over the run's budget (default: its summary.json's)."""
     rows = read_jsonl(workdir / "metrics.jsonl")
+    if budget is None:
+        budget = int(json.loads((workdir / "summary.json").read_text())["budget"])
+    curve = Curve.from_records(rows, budget)
     evals = [r for r in rows if r.get("eval_success") is not None]
     first = lambda k: evals[0].get(k, float("nan")) if evals and evals[0]["step"] == 0 else None
     last = lambda k: evals[-1].get(k, float("nan")) if evals else float("nan")
@@ -202,9 +237,21 @@ def run_stats(workdir: Path) -> dict[str, float]:
         "applied_frac": mean("applied_frac"),
         "all_pass_frac": mean("all_pass_frac"),
         "all_fail_frac": mean("all_fail_frac"),
+        "generated_rollouts": int(sum(r.get("generated_rollouts") or 0 for r in rows)),
+        "curve": curve.to_dict(),
+        "auc": curve.area(),
     }
     if any("eval_sampled" in r for r in evals):
         out.update(sampled_start=first("eval_sampled"), sampled_success=last("eval_sampled"))
+        out.update(
+            sometimes_start=first("eval_sampled_sometimes"),
+            sometimes_end=last("eval_sampled_sometimes"),
+        )
+    if evals:  # success per task kind at the start and the end
+        out["kinds"] = {
+            "start": by_kind(evals[0]) if evals[0]["step"] == 0 else {},
+            "end": by_kind(evals[-1]),
+        }
     return out
 
 
@@ -246,11 +293,14 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
     p_, g_ = int(rl.num_prompts), int(rl.group_size)
     gather_head = bool(config.model.gather_head)
     mbs, ga = int(rl.minibatches), optim_cfg.grad_accum  # an update's minibatches x microbatches
-    budget = int(rl.max_rollouts) or int(rl.steps) * p_ * g_
+    budget = rollout_budget(rl)
     start = int(t.data_state.get("iteration", 0))
     # a checkpoint without the count: made when every iteration generated P x G
     generated = int(t.data_state.get("generated_rollouts", start * p_ * g_))
 
+    # held-out success at N evenly spaced trajectory counts (the cost curve, `rl.curve`)
+    points = budget_points(budget, int(rl.eval_points)) if rl.eval_points else ()
+    evaluating = bool(rl.eval_every or points)
     eval_token = evaluation_token(algo, rl)
     main = distributed.is_main_process()
     with contextlib.ExitStack() as stack:
@@ -258,7 +308,8 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
         writer = stack.enter_context(
             MetricsWriter(
                 workdir,
-                total_steps=int(rl.steps),
+                # iterations at one round each (a dynamic arm may spend its budget sooner)
+                total_steps=min(int(rl.steps), -(-budget // (p_ * g_))),
                 initial_step=start,
                 desc=algo,
                 bar_keys=("reward_mean", "degenerate_frac", "eval_success"),
@@ -273,8 +324,9 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
         evaluate = functools.partial(heldout, config, cfg, tokenizer, mesh, test_pool, eval_token)
         # the start, under the same token as every later evaluation (once: a run killed before
         # its first checkpoint resumes at 0 with this record kept)
-        if start == 0 and rl.eval_every and not any(r["step"] == 0 for r in history):
-            history.append(writer.write(0, evaluate(state.params)))
+        if start == 0 and evaluating and not any(r["step"] == 0 for r in history):
+            record = {**evaluate(state.params), "rollouts": 0, "budget_point": 0}
+            history.append(writer.write(0, record))
         for it in range(start, int(rl.steps)):
             if budget - generated < g_:
                 break
@@ -299,12 +351,13 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
                 max_rounds=int(rl.dynamic_max_rounds),
                 multiple_of=mbs * ga,
             )  # fmt: skip
-            generated += filled.generated
+            before, generated = generated, generated + filled.generated
             ro = concat_groups([d.rollouts for d in filled.rounds])
             entries = [e for d in filled.rounds for e in d.entries]
             trained = np.concatenate(filled.trained)
             t0 = time.perf_counter()
-            step_metrics = []
+            step_metrics: list[dict[str, Any]] = []
+            planned = 0  # update calls the iteration's batch makes (skipped or not)
             tokens = None
             if trained.any():
                 batch = ro.batch(gather_head)
@@ -315,6 +368,9 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
                     batch["ref_logprobs"] = _ref_logprobs(cfg, ref_params, batch, mesh)
                 for _ in range(int(rl.epochs)):
                     for mb in _minibatches(batch, mbs):
+                        planned += 1
+                        if not has_signal(mb):  # the step would compute it and not apply it
+                            continue
                         mb["iteration"] = np.int32(it)  # the step draws iteration it + 1's tokens
                         state, m = step_fn(state, {k: _global(v, mesh) for k, v in mb.items()})
                         m = distributed.host_tree(m)
@@ -323,10 +379,11 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
             update_s = time.perf_counter() - t0
             if tokens is None:  # no update: the same draw on the host
                 tokens = reward_tokens_for(tokens_draw, it + 1)
-            record = _iteration_record(step_metrics, ro, update_s)
+            record = _iteration_record(step_metrics, planned, ro, update_s)
             record.update(
-                generated_rollouts=float(filled.generated), trained_groups=float(trained.sum())
-            )
+                generated_rollouts=float(filled.generated), trained_groups=float(trained.sum()),
+                rollouts=generated,
+            )  # fmt: skip
             if rollout_log is not None:
                 p, g = ro.rewards.shape
                 rollout_log.append({
@@ -337,18 +394,31 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
                     "trained": trained.tolist(),
                 })  # fmt: skip
                 _warn_env_errors(it + 1, ro.errors)
-            last = it + 1 == int(rl.steps) or budget - generated < g_
-            if rl.eval_every and ((it + 1) % int(rl.eval_every) == 0 or last):
+            spent = budget - generated < g_  # within one round of the budget
+            last = spent or it + 1 == int(rl.steps)
+            periodic = bool(rl.eval_every) and (it + 1) % int(rl.eval_every) == 0
+            if (
+                periodic
+                or reached(points, generated) > reached(points, before)
+                or (last and evaluating)
+            ):
                 record.update(evaluate(state.params, sampled=last))
+                record["budget_point"] = len(points) if spent else reached(points, generated)
             history.append(writer.write(it + 1, record))
             done = it + 1
             ckpt.save(done, state, {"iteration": done, "generated_rollouts": generated})
         ckpt.save(done, state, {"iteration": done, "generated_rollouts": generated}, force=True)
 
+    ended = "budget" if budget - generated < g_ else "steps"  # rl.steps capped the run
+    curve = Curve.from_records(history, budget)
     summary = {
         "stage": algo,
         "iterations": done,
         "generated_rollouts": generated,
+        "budget": budget,
+        "ended": ended,
+        "curve": curve.to_dict(),
+        "auc": curve.area(),
         "export": str(t.export_dir),
         "final": history[-1] if history else {},
     }
@@ -359,13 +429,14 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
             )
     line = ""  # process 0 alone prints (and has the metrics file)
     if main:
-        stats = run_stats(workdir)
+        stats = run_stats(workdir, budget)
         begin = stats["start_success"]
         line = (
             f"{name or algo}: held-out success "
             + ("" if begin is None else f"{begin:.1%} -> ")
             + f"{stats['heldout_success']:.1%}, degenerate groups {stats['degenerate_frac']:.1%}"
-            + f", updates applied {stats['applied_frac']:.0%}"
+            + f", updates applied {stats['applied_frac']:.0%}, {generated} trajectories"
+            + ("" if ended == "budget" else f" (stopped by rl.steps={rl.steps} short of {budget})")
         )
     setup.finish(t, state.params, summary, line)
     return summary
@@ -384,11 +455,22 @@ def _warn_env_errors(iteration: int, errors: list[str | None]) -> None:
         )
 
 
-def _iteration_record(step_metrics: list[dict], ro, update_s: float) -> dict[str, float]:
+def has_signal(batch: dict[str, np.ndarray]) -> bool:
+    """Whether an update's batch holds a group that carries signal: one of its valid groups
+    (`group_mask`) has rewards that differ. Without one the fused step computes the update and
+    leaves the state untouched (`train.state`), so the loop does not call it."""
+    valid = np.asarray(batch["group_mask"]) > 0
+    return bool((~np.asarray(degenerate_groups(batch["rewards"]))[valid]).any())
+
+
+def _iteration_record(
+    step_metrics: list[dict], planned: int, ro, update_s: float
+) -> dict[str, float]:
     """Per-iteration metrics: group statistics from every generated rollout (recomputable from
-    rollouts.jsonl), loss-side values averaged over the iteration's updates, except the
-    rollout-trainer agreement (`logp_gap_*`, `ratio_dev_max`): the first update's, whose params
-    are still the sampler's (a later update's gap is the policy's own change)."""
+    rollouts.jsonl), loss-side values averaged over the iteration's applied updates (of
+    `planned` calls), except the rollout-trainer agreement (`logp_gap_*`, `ratio_dev_max`): the
+    first update's, whose params are still the sampler's (a later update's gap is the policy's
+    own change)."""
     means = collections.defaultdict(lambda: float("nan"))  # no update: no loss-side values
     first = collections.defaultdict(lambda: float("nan"))
     if step_metrics:
@@ -407,7 +489,8 @@ def _iteration_record(step_metrics: list[dict], ro, update_s: float) -> dict[str
         "clip_frac": means["clip_frac"],
         "skipped": means["skipped"],
         # of the iteration's update calls, those applied (not skipped: no signal, non-finite)
-        "applied_frac": 1.0 - means["update_skipped"] if step_metrics else 0.0,
+        "applied_frac": sum(1.0 - float(m["update_skipped"]) for m in step_metrics)
+        / max(planned, 1),
         "reward_mean": float(rewards.mean()),
         "reward_high": with_token(HIGH),
         "reward_low": with_token(LOW),

@@ -24,7 +24,7 @@ from rcgrpo_jax.envs.prompts import stop_ids
 from rcgrpo_jax.envs.reward_tokens import HIGH, LOW
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.stages import setup
-from rcgrpo_jax.stages.eval import success_rate
+from rcgrpo_jax.stages.eval import measure_success
 from rcgrpo_jax.train.loop import train_loop
 from rcgrpo_jax.train.losses import make_sft_loss
 from rcgrpo_jax.train.metrics import MetricsWriter, flops_per_token
@@ -159,10 +159,12 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
         heldout = setup.task_entries(config, "test")[:n_eval]
         model = (cfg, state.params)
         tokens = {"high": HIGH, "low": LOW} if rctp else {"none": None}
-        summary["heldout_success"] = {
-            name: success_rate(config, model, t.tokenizer, t.mesh, heldout, tok)
+        measured = {
+            name: measure_success(config, model, t.tokenizer, t.mesh, heldout, tok)
             for name, tok in tokens.items()
         }
+        summary["heldout_success"] = {name: m.rate for name, m in measured.items()}
+        summary["heldout_by_kind"] = {name: m.by_kind for name, m in measured.items()}
         rates = summary["heldout_success"]
         got = (
             ", ".join(f"{k} {v:.1%}" for k, v in rates.items()) if rctp else f"{rates['none']:.1%}"

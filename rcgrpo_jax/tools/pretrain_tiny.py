@@ -57,7 +57,7 @@ def demo_success(config, export: Path) -> float:
 
     from rcgrpo_jax.envs import synthetic
     from rcgrpo_jax.stages import setup
-    from rcgrpo_jax.stages.eval import success_rate
+    from rcgrpo_jax.stages.eval import measure_success
 
     demo = ml_collections.ConfigDict(config.to_dict())
     demo.env.synthetic.difficulty.templates = synthetic.BASE_DEMO_TEMPLATES
@@ -66,7 +66,7 @@ def demo_success(config, export: Path) -> float:
     tokenizer = setup.tokenizer_from_config(demo)
     model = setup.model_from_config(demo, mesh)
     entries = setup.task_entries(demo, "test")[: int(demo.rctp.eval_entries) or None]
-    return success_rate(demo, model, tokenizer, mesh, entries, None)
+    return measure_success(demo, model, tokenizer, mesh, entries, None).rate
 
 
 def main(argv: list[str]) -> int:

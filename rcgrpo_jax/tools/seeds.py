@@ -18,6 +18,13 @@ against SFT → GRPO and against RCTP → GRPO (the same start without condition
 SFT → RC-GRPO against SFT → GRPO; an arm against its shuffled-reward control (RL that learns
 from the reward moves more than RL that does not); and the lr-0 control's change, which must be
 exactly 0 (else the start and end evaluations differ for reasons other than training).
+Where the runs recorded curves (`rl.eval_points`), also: per arm the curve's mean ± 95% CI at
+each budget point; paired per run, the method (RCTP → RC-GRPO, plain and dynamic) minus every
+other real arm in area under the curve and in final success; and the rollout ratio: the
+trajectories each arm needed to reach the final held-out success of SFT → GRPO with dynamic
+sampling on the same run ("not reached" within the budget counts as such), and the
+reference's need over the arm's (> 1: the arm needed fewer; geometric mean over the runs
+where both reached). `curves.png` draws the curves (`tools.curves`: studies side by side).
 Printed, with the machine each run came from (CPU, cores, `XLA_FLAGS`: each changes the
 rounding), and written to `<workdir>/seeds.txt` and `<workdir>/seeds.json`. On the synthetic
 environment each seed also draws its own tasks (`env.synthetic.seed` = the seed), so the
@@ -40,14 +47,16 @@ from ml_collections import config_flags
 
 from rcgrpo_jax import config_check, logs, machine
 from rcgrpo_jax.errors import UserError
+from rcgrpo_jax.rl.arms import BASELINE, METHOD, control_of
+from rcgrpo_jax.rl.curve import Curve, ratio
+from rcgrpo_jax.stages.all import STAGE1
 
 TARGETS = ("sft_in_band", "rctp_controllable", "rcgrpo_less_degenerate")
-STAGE1 = ("base", "warm_start", "sft", "rctp")  # every other arm of a summary is an RL arm
 # (a, b): a − b per run; rctp_grpo is RC-GRPO's own start without conditioned sampling
 PAIRS = (("rctp_rcgrpo", "sft_grpo"), ("rctp_rcgrpo", "rctp_grpo"), ("sft_rcgrpo", "sft_grpo"))
 # the per-arm values, in the order the record lists them
 KEYS = (
-    "start_success", "heldout_success", "change", "sampled_start", "sampled_success",
+    "start_success", "heldout_success", "change", "auc", "sampled_start", "sampled_success",
     "sampled_change", "success_high", "success_low", "degenerate_frac", "entropy", "reward_mean",
 )  # fmt: skip
 Runs = dict[Any, dict[str, Any]]  # label -> a run's summary.json
@@ -144,6 +153,81 @@ def paired(vals: dict[Any, dict[str, dict[str, float]]]) -> dict[str, dict[str, 
     return {k: v for k, v in rows.items() if v}
 
 
+def _curves(summary: dict[str, Any]) -> dict[str, Curve]:
+    """The RL arms' curves of one run (arms without one, from older runs, left out)."""
+    return {
+        name: Curve.from_dict(row["curve"])
+        for name, row in summary["arms"].items()
+        if name not in STAGE1 and row.get("curve")
+    }
+
+
+def curve_bands(per_run: Runs) -> dict[str, list[dict[str, Any]]]:
+    """Per arm, per budget point k = 0 (the start) .. N: held-out success across the runs as
+    mean ± 95% CI, at the mean of the trajectories actually generated at that measurement
+    (`rollouts`); a point a run did not reach (its run ended on rl.steps) leaves that run out."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    curves = [_curves(s) for s in per_run.values()]
+    for name in dict.fromkeys(n for c in curves for n in c):
+        ours = [c[name] for c in curves if name in c]
+        top = max(p.budget_point for c in ours for p in c.points)
+        rows = []
+        for k in range(top + 1):
+            got = [p for c in ours if (p := c.at(k)) is not None]
+            if got:
+                iv = interval([p.success for p in got])
+                rows.append({"point": k, "rollouts": float(np.mean([p.rollouts for p in got])),
+                             **iv})  # fmt: skip
+        out[name] = rows
+    return out
+
+
+def cost(per_run: Runs, reference: str = BASELINE) -> dict[str, dict[str, Any]]:
+    """The rollout ratio, per arm: on each run, the trajectories the arm needed to reach the
+    final held-out success of `reference` on that run (`Curve.to_reach`; "not reached" within
+    the budget is None), and reference's need over the arm's (> 1: the arm needed fewer).
+    Summarised as how many runs reached, the mean need where reached, and the geometric mean
+    of the ratios where both reached (a ratio's natural average)."""
+    per_arm: dict[str, dict[str, Any]] = {}
+    for label, s in per_run.items():
+        curves = _curves(s)
+        if reference not in curves or curves[reference].final is None:
+            continue
+        target = curves[reference].final
+        need_ref = curves[reference].to_reach(target)
+        for name, c in curves.items():
+            row = per_arm.setdefault(name, {"runs": {}})
+            need = c.to_reach(target)
+            row["runs"][str(label)] = {"target": target, "needed": need,
+                                       "ratio": ratio(need_ref, need)}  # fmt: skip
+    for row in per_arm.values():
+        runs = row["runs"].values()
+        needs = [r["needed"] for r in runs if r["needed"] is not None]
+        ratios = [r["ratio"] for r in runs if r["ratio"] is not None and 0 < r["ratio"] < np.inf]
+        row.update(
+            reached=len(needs), n=len(row["runs"]),
+            needed_mean=float(np.mean(needs)) if needs else None,
+            ratio_geomean=float(np.exp(np.mean(np.log(ratios)))) if ratios else None,
+        )  # fmt: skip
+    return per_arm
+
+
+def paired_cost(vals: dict[Any, dict[str, dict[str, float]]]) -> dict[str, dict[str, Any]]:
+    """The method (each `METHOD` arm present) minus every other real arm, per run, in area
+    under the curve and in final held-out success, as mean ± 95% CI of the differences."""
+    names = list(dict.fromkeys(n for v in vals.values() for n in v))
+    real = [n for n in names if n not in STAGE1 and control_of(n) is None]
+    rows: dict[str, Any] = {}
+    for m in (m for m in METHOD if m in real):
+        for b in (b for b in real if b != m):
+            for key, what in (("auc", "area"), ("heldout_success", "final")):
+                d = [v[m][key] - v[b][key] for v in vals.values()
+                     if key in v.get(m, {}) and key in v.get(b, {})]  # fmt: skip
+                if d:
+                    rows[f"{what} {m} - {b}"] = {**(iv := interval(d)), "verdict": verdict(iv)}
+    return rows
+
+
 def aggregate(per_run: Runs, dropped: Sequence[tuple[Any, Any]] = ()) -> dict[str, Any]:
     """Per arm every value as mean ± 95% CI, the paired differences, and how many runs meet
     each target, over the runs given (the caller passes `distinct`'s kept runs and its pairs)."""
@@ -161,6 +245,9 @@ def aggregate(per_run: Runs, dropped: Sequence[tuple[Any, Any]] = ()) -> dict[st
         "dropped": [list(p) for p in dropped],
         "arms": arms,
         "paired": paired(vals),
+        "paired_cost": paired_cost(vals),
+        "curves": curve_bands(per_run),
+        "cost": cost(per_run),
         "targets_met": {t: sum(bool(g.get(t)) for g in targets) for t in TARGETS},
         "seeds_meeting_all": sum(all(g.get(t) for t in TARGETS) for g in targets),
     }
@@ -224,12 +311,46 @@ def format_report(per_run: Runs, agg: dict[str, Any]) -> str:
             f"{name:<{w}}{row['heldout_success']['n'] if 'heldout_success' in row else 0:>3}"
             + "".join(_cell(row.get(k), "change" in k, 16) for k, _ in cols)
         )
-    paired_rows = agg["paired"]
+    blocks = [*_curve_blocks(agg)]
+    paired_rows = {**agg["paired"], **agg.get("paired_cost", {})}
     pw = max(32, *(len(name) + 1 for name in paired_rows)) if paired_rows else 32
     pairs = [f"{'paired (per run, points)':<{pw}}{'mean ± 95% CI':>15}{'n':>4}  verdict"]
     for name, row in paired_rows.items():
         pairs.append(f"{name:<{pw}}{_cell(row, True)}{row['n']:>4}  {row['verdict']}")
-    return "\n".join(lines) + "\n\n" + "\n".join(table) + "\n\n" + "\n".join(pairs)
+    return "\n\n".join(["\n".join(lines), "\n".join(table), *blocks, "\n".join(pairs)])
+
+
+def _curve_blocks(agg: dict[str, Any]) -> list[str]:
+    """The curve table (per arm, held-out success at each budget point, mean ± 95% CI) and the
+    rollout-ratio table; none where no run has a curve."""
+    curves = {name: rows for name, rows in agg.get("curves", {}).items() if rows}
+    if not curves:
+        return []
+    top = max(r["point"] for rows in curves.values() for r in rows)
+    at = {k: [r["rollouts"] for rows in curves.values() for r in rows if r["point"] == k]
+          for k in range(top + 1)}  # fmt: skip
+    w = max(17, *(len(name) + 1 for name in curves))
+    head = f"{'success % at trajectories':<{w}}" + "".join(
+        f"{f'~{np.mean(at[k]):.0f}' if at[k] else '-':>14}" for k in range(top + 1)
+    )
+    rows = [head]
+    for name, points in curves.items():
+        by = {r["point"]: r for r in points}
+        rows.append(f"{name:<{w}}" + "".join(_cell(by.get(k), width=14) for k in range(top + 1)))
+    out = ["\n".join(rows)]
+    cost_rows = agg.get("cost", {})
+    if cost_rows:
+        lines = [
+            f"{f'trajectories to reach {BASELINE} final':<{w + 18}}{'reached':>9}{'mean':>8}"
+            f"{'ratio':>7}"
+        ]
+        for name, r in cost_rows.items():
+            mean = "-" if r["needed_mean"] is None else f"{r['needed_mean']:.0f}"
+            ratio_ = "-" if r["ratio_geomean"] is None else f"{r['ratio_geomean']:.2f}x"
+            reached = f"{r['reached']}/{r['n']}"
+            lines.append(f"{name:<{w + 18}}{reached:>9}{mean:>8}{ratio_:>7}")
+        out.append("\n".join(lines))
+    return out
 
 
 def _seed_of(path: Path) -> int | None:
@@ -307,6 +428,10 @@ def main(argv: list[str]) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "seeds.json").write_text(json.dumps({"runs": per_run, **agg}, indent=1) + "\n")
     (workdir / "seeds.txt").write_text(report + "\n")
+    if any(agg["curves"].values()):  # held-out success against trajectories, mean and band
+        from rcgrpo_jax.train import plots
+
+        plots.plot_curves({workdir.name: agg["curves"]}, workdir / "curves.png")
     print(report)
     return 0
 

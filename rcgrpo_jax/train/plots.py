@@ -24,12 +24,16 @@ def _pyplot():
     return plt
 
 
-def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
-    xs, ys = [], []
+def _series(records: list[dict], key: str, x: str = "step") -> tuple[list[float], list[float]]:
+    """(x, value) of the records with a finite `key`; x is the record's `step`, or with
+    x="rollouts" the trajectories generated up to it (`rollouts`, else the running sum of
+    `generated_rollouts`)."""
+    xs, ys, total = [], [], 0
     for r in records:
+        total = r.get("rollouts", total + (r.get("generated_rollouts") or 0))
         v = r.get(key)
         if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-            xs.append(r.get("step", len(xs)))
+            xs.append(total if x == "rollouts" else r.get("step", len(xs)))
             ys.append(float(v))
     return xs, ys
 
@@ -112,22 +116,23 @@ def _pairs(records: list[dict], kx: str, ky: str) -> tuple[list[float], list[flo
 def rl_series(
     records: list[dict], *, smooth: int = 4
 ) -> dict[str, tuple[list[float], list[float]]]:
-    """The series `plot_rl` draws for one run, {name: (xs, ys)}, empty ones left out: eval_success
-    and eval_sampled raw (step 0 first); reward_high / reward_low smoothed, or reward_mean when the
-    run has no token rewards; degenerate_frac and entropy smoothed; "entropy_reward" the raw
-    (entropy, reward_mean) pairs. NaN, null and absent values are dropped per series."""
+    """The series `plot_rl` draws for one run, {name: (xs, ys)}, against the trajectories
+    generated (RL's cost), empty ones left out: eval_success and eval_sampled raw (the start,
+    at 0, first); reward_high / reward_low smoothed, or reward_mean when the run has no token
+    rewards; degenerate_frac and entropy smoothed; "entropy_reward" the raw (entropy,
+    reward_mean) pairs. NaN, null and absent values are dropped per series."""
     out: dict[str, tuple[list[float], list[float]]] = {}
     for key in ("eval_success", "eval_sampled"):
-        out[key] = _series(records, key)
-    tokens = {k: _series(records, k) for k in ("reward_high", "reward_low")}
+        out[key] = _series(records, key, "rollouts")
+    tokens = {k: _series(records, k, "rollouts") for k in ("reward_high", "reward_low")}
     if any(xs for xs, _ in tokens.values()):
         reward_keys = tokens
     else:
-        reward_keys = {"reward_mean": _series(records, "reward_mean")}
+        reward_keys = {"reward_mean": _series(records, "reward_mean", "rollouts")}
     for key, (xs, ys) in reward_keys.items():
         out[key] = (xs, _smooth(ys, smooth))
     for key in ("degenerate_frac", "entropy"):
-        xs, ys = _series(records, key)
+        xs, ys = _series(records, key, "rollouts")
         out[key] = (xs, _smooth(ys, smooth))
     out["entropy_reward"] = _pairs(records, "entropy", "reward_mean")
     return {k: v for k, v in out.items() if v[0]}
@@ -190,7 +195,7 @@ def _rl_figure(
     ax_deg.set_ylabel("degenerate-group frac")
     ax_ent.set_ylabel("policy entropy")
     for ax in (ax_eval, ax_rew, ax_deg, ax_ent):
-        ax.set_xlabel("RL iteration")
+        ax.set_xlabel("trajectories generated")
         ax.grid(alpha=0.3)
     ax_er.set_xlabel("policy entropy")
     ax_er.set_ylabel("reward_mean")
@@ -209,10 +214,50 @@ def plot_rl(
     smooth: int = 4,
     title: str | None = None,
 ) -> Path:
-    """One PNG to judge whether RL helps, {arm: metrics.jsonl} in, one colour per arm: held-out
+    """One PNG to judge whether RL helps at equal cost, {arm: metrics.jsonl} in, one colour per
+    arm, against trajectories generated: held-out
     success (greedy solid, sampled dashed, from step 0), training reward per reward token
     (high solid, low dotted; reward_mean for arms without tokens), degenerate-group fraction,
     policy entropy, and entropy against reward (the paper ties falling entropy to rising reward).
     Training curves are smoothed over `smooth` points; missing or NaN values are skipped."""
     data = {label: read_jsonl(p) for label, p in runs.items()}
     return _save(_rl_figure(data, smooth=smooth, title=title), out_path)
+
+
+# ------------------------------------------------------------------------------ cost curves
+
+
+def plot_curves(
+    panels: Mapping[str, Mapping[str, Sequence[Mapping[str, float]]]],
+    out_path: str | Path,
+    *,
+    title: str | None = None,
+) -> Path:
+    """Held-out success against trajectories generated, one panel per task set {title: {arm:
+    rows}}, one line per arm: each row (`tools.seeds.curve_bands`) a budget point with the
+    runs' mean `rollouts`, `mean` success and `ci95` half-width, drawn as the mean with its
+    95% band (no band where a point has one run)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.6), squeeze=False)
+    for ax, (name, arms) in zip(axes[0], panels.items(), strict=True):
+        for i, (arm, rows) in enumerate(arms.items()):
+            if not rows:
+                continue
+            xs = [r["rollouts"] for r in rows]
+            ys = [100 * r["mean"] for r in rows]
+            half = [100 * r["ci95"] for r in rows]
+            style = "--" if arm.endswith("_dynamic") else "-"
+            ax.plot(xs, ys, style, marker="o", markersize=3, color=f"C{i % 10}", label=arm)
+            lo = [y - h for y, h in zip(ys, half, strict=True)]
+            hi = [y + h for y, h in zip(ys, half, strict=True)]
+            ax.fill_between(xs, lo, hi, color=f"C{i % 10}", alpha=0.15, linewidth=0)
+        n = max((r["n"] for rows in arms.values() for r in rows), default=0)
+        ax.set_title(f"{name} ({n} runs: mean, 95% band)", fontsize=10)
+        ax.set_xlabel("trajectories generated")
+        ax.set_ylabel("held-out success %")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, out_path)
