@@ -236,3 +236,22 @@ def test_a_repeated_measurement_is_not_run_again(tmp_path, monkeypatch):
     monkeypatch.setattr(eval_stage, "_MEMO_MAX_BYTES", 8)
     rate()
     assert len(runs) == before + 3  # too large to hash
+
+
+def test_success_per_task_kind_in_the_summary_and_table():
+    """Kinds finer than the categories get n and accuracy each and a line of the table; a
+    record without a kind counts under its category."""
+    ok = {"state_ok": True, "action_ok": True, "error_type": None}
+    rec = lambda kind, reward: {"category": "synthetic", "kind": kind, "reward": reward, **ok}
+    records = [rec("copy_top", 1.0), rec("copy_top", 0.0), rec("rename_top>copy_as", 1.0),
+               rec("", 0.0)]  # fmt: skip
+    summary = eval_stage.summarize(records, ["synthetic"])
+    assert summary["kinds"] == {
+        "copy_top": {"n": 2, "accuracy": 50.0},
+        "rename_top>copy_as": {"n": 1, "accuracy": 100.0},
+        "synthetic": {"n": 1, "accuracy": 0.0},
+    }
+    summary.update(split="test", policy="model", chat_format="python", wall_time_s=1.0)
+    lines = eval_stage.format_table(summary, "t").splitlines()
+    assert lines[-4].split() == ["task", "kind", "n", "acc%"]
+    assert lines[-3].split() == ["copy_top", "2", "50.00"]

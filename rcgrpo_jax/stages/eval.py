@@ -87,6 +87,7 @@ def entry_record(episode: Episode, result: RewardResult) -> dict[str, Any]:
     return {
         "id": episode.entry.id,
         "category": episode.entry.category,
+        "kind": task_kind(episode.entry),
         "reward": result.reward,
         "state_ok": result.state_ok,
         "action_ok": result.action_ok,
@@ -127,9 +128,16 @@ def summarize(
         }
     scored = [c for c in categories if per_category[c]["n"]]
     overall = sum(per_category[c]["accuracy"] for c in scored) / len(scored) if scored else 0.0
+    kinds: dict[str, list[float]] = collections.defaultdict(list)
+    for r in records:
+        kinds[r.get("kind") or r["category"]].append(r["reward"])
     return {
         "accuracy": {**{c: per_category[c]["accuracy"] for c in categories}, "overall": overall},
         "categories": per_category,
+        # per task kind (`envs.base.task_kind`; BFCL: its category), n and accuracy (%)
+        "kinds": {
+            k: {"n": len(v), "accuracy": 100.0 * sum(v) / len(v)} for k, v in sorted(kinds.items())
+        },
         "num_entries": len(records),
         "num_correct": sum(r["reward"] == 1.0 for r in records),
     }
@@ -164,6 +172,11 @@ def format_table(summary: dict[str, Any], title: str) -> str:
         )
     lines.append("-" * len(cols))
     lines.append(f"{'overall (mean of categories)':<29}{summary['accuracy']['overall']:>8.2f}")
+    kinds = summary.get("kinds", {})
+    if set(kinds) - set(rows):  # kinds finer than the categories: one line each
+        w = max(24, *(len(k) + 1 for k in kinds))
+        lines += [f"{'task kind':<{w}}{'n':>5}{'acc%':>8}"]
+        lines += [f"{k:<{w}}{v['n']:>5}{v['accuracy']:>8.2f}" for k, v in kinds.items()]
     return "\n".join(lines)
 
 
