@@ -17,6 +17,7 @@ short=(
   --config.train.warm_start_steps=2 --config.train.steps=3 --config.rctp.train_steps=3
   --config.train.checkpoint_every=2 --config.rctp.eval_entries=4 --config.eval.max_entries=4
   --config.rl.steps=1 --config.rl.num_prompts=2 --config.rl.group_size=2 --config.rl.eval_every=1
+  --config.rl.max_rollouts=0
   --config.rl.checkpoint_every=1
 )
 cd "$tmp"

@@ -83,7 +83,7 @@ def get_config():
     # The arms, at equal cost: the paper's GRPO and RC-GRPO (one round of 8 x 8 rollouts per
     # iteration, an update only where a group carries signal) and both again with DAPO's
     # dynamic sampling (degenerate groups dropped and refilled: up to 4 rounds per iteration).
-    # `--config.arms="('grid',)"` runs all eight cells of stages.arms.
+    # `--config.arms="('grid',)"` runs all eight cells (`rcgrpo_jax/rl/arms.py`).
     c.arms = ("sft_grpo", "rctp_rcgrpo", "sft_grpo_dynamic", "rctp_rcgrpo_dynamic")
     # Every arm generates the same 2048 trajectories however many iterations that takes (a
     # plain arm 32, a dynamic one 8-32); rl.steps is only a cap, set above any arm's need.

@@ -28,13 +28,13 @@ def base_config() -> ml_collections.ConfigDict:
     # $XDG_CACHE_HOME/rcgrpo_jax/xla (~/.cache/rcgrpo_jax/xla).
     c.compile = ml_collections.ConfigDict({"cache": True, "cache_dir": ""})
 
-    # Stage `all`'s RL arms (`stages.all.ARMS`): stage 1 (sft | rctp) x algorithm (grpo |
+    # Stage `all`'s RL arms (`rl.arms.ARMS`): stage 1 (sft | rctp) x algorithm (grpo |
     # rcgrpo) x sampling (plain: one round of P x G per iteration; `_dynamic`: DAPO's dynamic
     # sampling), e.g. "rctp_rcgrpo", "sft_grpo_dynamic"; "paper" names the four plain arms,
     # "dynamic" the four dynamic ones, "grid" all eight. Every arm runs to the same budget of
     # generated trajectories (rl.max_rollouts).
     c.arms = ("paper", "sft_grpo_dynamic")
-    # Stage `all`'s control arms (`stages.all.CONTROLS`), each run beside every chosen arm it
+    # Stage `all`'s control arms (`rl.arms.CONTROLS`), each run beside every chosen arm it
     # controls: "shuffled" (SFT→GRPO and RCTP→RC-GRPO with rewards permuted within the batch)
     # and "lr0" (RCTP→RC-GRPO at lr = 0: its change must be exactly 0). Empty: no control.
     c.controls = ()

@@ -387,6 +387,20 @@ def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
                 "'train' unless env.benchmark='synthetic' with env.synthetic.num_rl > 0 "
                 "(only the synthetic environment has an rl split)",
             )  # fmt: skip
+    if c.stage in RL_STAGES and 0 < c.rl.max_rollouts < c.rl.group_size:
+        yield _fail(
+            "rl.max_rollouts", c.rl.max_rollouts,
+            f"0 (rl.steps x P x G) or >= rl.group_size={c.rl.group_size} (one group)",
+        )  # fmt: skip
+    per_iteration = c.rl.num_prompts * c.rl.group_size
+    if c.stage == "all" and c.rl.max_rollouts > c.rl.steps * per_iteration:
+        yield _fail(
+            "rl.steps", c.rl.steps,
+            f">= rl.max_rollouts / (P x G) = {-(-c.rl.max_rollouts // per_iteration)} for stage "
+            "all: a plain arm must be able to spend the budget every arm is compared at",
+        )  # fmt: skip
+    if c.stage == "all":
+        yield from _controls_check(c)
     if c.stage == "all" and c.rl.dynamic_sampling:
         yield _fail(
             "rl.dynamic_sampling", c.rl.dynamic_sampling,
@@ -397,6 +411,21 @@ def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
             "rl.init_from", c.rl.init_from,
             "'' for stage all (each RL arm starts from its own stage-1 export)",
         )  # fmt: skip
+
+
+def _controls_check(c: ml_collections.ConfigDict) -> Iterable[UserError]:
+    """Each control kind must control one of the chosen arms (else it would run nothing)."""
+    from rcgrpo_jax.rl.arms import CONTROLS, chosen
+
+    picked = set(chosen(tuple(c.arms)))
+    for kind in c.controls:
+        controlled = CONTROLS[kind][2]
+        if not picked & set(controlled):
+            yield _fail(
+                "controls", tuple(c.controls),
+                f"controls of chosen arms: {kind!r} controls {', '.join(controlled)}, and "
+                f"config.arms chooses none of them",
+            )  # fmt: skip
 
 
 def flatten(c: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:

@@ -218,7 +218,7 @@ def test_qwen7b_all_runs_at_full_length(qwen_run, capsys):
     work = qwen_run["work"]
     summary = json.loads((work / "summary.json").read_text())
     assert set(summary["arms"]) == {"base", "sft", "rctp", *ARMS}
-    assert summary["rl_iterations"] == 1 and summary["rollouts_per_iteration"] == 2
+    assert summary["rl_budget"] == 2 and summary["rollouts_per_iteration"] == 2
     assert "Traceback" not in qwen_run["output"]
     for arm in ARMS:
         assert (work / arm / "export" / "config.json").is_file()

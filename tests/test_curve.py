@@ -50,6 +50,12 @@ def test_curve_from_records_and_its_area():
     assert [p.budget_point for p in c_old.points] == [0, -1, -1]
     # no measurement at the start: no area
     assert Curve.from_records(_records()[1:], budget=1024).area() is None
+    # a periodic measurement between budget points (rl.eval_every, budget_point -1) is in the
+    # curve but not in the area: arms of other iteration counts share the area's grid
+    periodic = [*_records()[:4], {**_records()[3], "eval_success": 0.9, "budget_point": -1},
+                _records()[4]]  # fmt: skip
+    c_p = Curve.from_records(periodic, budget=1024)
+    assert len(c_p.points) == 4 and c_p.area() == pytest.approx(area)
 
 
 def test_point_lookup_and_trajectories_to_reach():

@@ -88,6 +88,20 @@ def test_stage_all_refuses_a_config_wide_dynamic_sampling():
     c.arms = ("rctp_rcgrpo", "grpo")
     with pytest.raises(UserError, match=r"config.arms=.*expected a non-empty tuple of: sft_grpo"):
         config_check.validate(c)
+    # the budget: a plain arm must be able to spend it within rl.steps; at least one group
+    c.arms = ("sft_grpo",)
+    c.rl.steps, c.rl.num_prompts, c.rl.group_size, c.rl.max_rollouts = 4, 8, 8, 257
+    with pytest.raises(UserError, match=r"config.rl.steps=4: expected >= .* = 5 for stage all"):
+        config_check.validate(c)
+    c.rl.max_rollouts = 7
+    with pytest.raises(UserError, match=r"config.rl.max_rollouts=7: expected 0 .* >= rl.group"):
+        config_check.validate(c)
+    c.rl.max_rollouts = 256
+    config_check.validate(c)
+    # a control of none of the chosen arms would run nothing
+    c.controls = ("shuffled", "lr0")
+    with pytest.raises(UserError, match=r"'lr0' controls rctp_rcgrpo, rctp_rcgrpo_dynamic"):
+        config_check.validate(c)
 
 
 def test_shuffled_rewards_keep_the_batch_and_break_the_link():

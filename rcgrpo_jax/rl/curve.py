@@ -34,7 +34,7 @@ def reached(points: Sequence[int], generated: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class Point:
     """One measurement: held-out success after `rollouts` generated trajectories, standing for
-    budget point `budget_point` (0: the start, before any rollout)."""
+    budget point `budget_point` (0: the start, before any rollout; -1: none, a periodic one)."""
 
     rollouts: int
     success: float
@@ -77,12 +77,19 @@ class Curve:
 
     def area(self) -> float | None:
         """The area under success against trajectories over [0, budget], divided by the budget:
-        the mean held-out success over the spend (trapezoids between measurements; after the
-        last one, its value held to the budget). None without a measurement at the start."""
+        the mean held-out success over the spend, from the start, the measurement standing for
+        each budget point and the last one (trapezoids between them; after the last, its value
+        held to the budget). Other measurements (periodic ones, `rl.eval_every`) are left out,
+        so that arms of different iteration counts are integrated on the same grid. None
+        without a measurement at the start."""
         if not self.points or self.points[0].rollouts != 0:
             return None
-        xs = [p.rollouts for p in self.points] + [max(self.budget, self.points[-1].rollouts)]
-        ys = [p.success for p in self.points] + [self.points[-1].success]
+        grid = [self.points[0]]
+        for p in self.points[1:]:
+            if p.budget_point > grid[-1].budget_point or p is self.points[-1]:
+                grid.append(p)
+        xs = [p.rollouts for p in grid] + [max(self.budget, grid[-1].rollouts)]
+        ys = [p.success for p in grid] + [grid[-1].success]
         pairs = zip(xs, xs[1:], ys, ys[1:], strict=False)
         total = sum((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in pairs)
         return total / xs[-1] if xs[-1] else ys[0]

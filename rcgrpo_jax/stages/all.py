@@ -9,10 +9,10 @@
     each plain (the paper's: one round of P × G rollouts per iteration) or `_dynamic` (DAPO's
     other answer to σ_g → 0: degenerate groups dropped and refilled by further rounds)
 
-`config.arms` picks the cells (`rl.arms`); `config.controls` adds "shuffled" (rewards permuted
-within each batch: what the reward signal adds) and "lr0" (lr 0: the measurement alone, its
-change exactly 0) beside each chosen arm it controls. Every arm's change is its end minus its
-start, both evaluated by its RL stage under the arm's own token.
+`config.arms` picks the cells (the table: `rcgrpo_jax/rl/arms.py`); `config.controls` adds
+"shuffled" (rewards permuted within each batch: what the reward signal adds) and "lr0" (lr 0:
+the measurement alone, its change exactly 0) beside each chosen arm it controls. Every arm's
+change is its end minus its start, both evaluated by its RL stage under the arm's own token.
 
 RCTP → GRPO samples under one fixed token rather than none: the RCTP model has only seen
 prompts that carry a token, so without one it is off its training distribution and the cell
@@ -264,7 +264,10 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     base = _base_success(config)
     print(f"base: held-out success {base['heldout_success']:.1%} (the initial model)", flush=True)
     arms: dict[str, dict[str, Any]] = {
-        "base": {"heldout_success": base["heldout_success"], "kinds": {"none": base["kinds"]}}
+        "base": {
+            "heldout_success": base["heldout_success"],
+            "kinds": {"none": base.get("kinds", {})},
+        }
     }
     start = ""
     if int(config.train.warm_start_steps) > 0:
@@ -291,7 +294,8 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         what = f"{rl_loop.rollout_budget(c.rl)} trajectories from {arm.init}"
         what += ", dynamic sampling" if arm.dynamic else ""
         done = _run_once(c, functools.partial(rl_loop.run, name=arm.name), what)
-        arms[arm.name] = {**rl_loop.run_stats(Path(c.workdir)), "ended": done.get("ended")}
+        stats = rl_loop.run_stats(Path(c.workdir), rl_loop.rollout_budget(c.rl))
+        arms[arm.name] = {**stats, "ended": done.get("ended")}
 
     runs = {arm.name: workdir / arm.name / "metrics.jsonl" for arm in arms_run}
     plots.plot_metrics(runs, DYNAMICS, workdir / "dynamics.png")
@@ -299,7 +303,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     summary = {
         "arms": arms,
         "targets": targets(arms),
-        "rl_iterations": int(config.rl.steps),
+        "rl_budget": int(rl_loop.rollout_budget(config.rl)),  # trajectories per arm
         "rollouts_per_iteration": int(config.rl.num_prompts) * int(config.rl.group_size),
         "wall_s": round(time.time() - t0, 1),  # this invocation (a resumed run: its part)
         "machine": machine.describe(),  # this invocation's; each stage's is in its summary

@@ -189,7 +189,7 @@ def _model_rollouts(
     mesh: Any,
     reward_token: int | None,
     samples: int = 0,
-) -> list[Any]:
+) -> list[tuple[list[Any], Any]]:
     """`rl.rollout.Rollouts` of `env`'s `entries` conditioned on `reward_token` (None: no
     token), `eval.batch_size` (0 = all) at a time: one greedy rollout per entry (eval.temperature),
     or with `samples` k > 0, k per entry at `eval.sample_temperature`. Entries whose prompt

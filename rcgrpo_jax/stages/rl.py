@@ -13,8 +13,9 @@ One RL iteration, read top to bottom:
    masked out (`group_mask`), so the step never recompiles for their number;
 4. `rl.epochs` × `rl.minibatches` fused train steps over whole groups (advantages in the step),
    with the loss `rl.objective` names; each step also draws the next iteration's reward tokens.
-   A step whose groups are all degenerate is not applied (params, Adam's moments and the
-   schedule untouched: `train.state`); `applied_frac` logs how many were. With
+   A minibatch whose groups are all degenerate has no signal: its step is not called (the
+   step would leave params, Adam's moments and the schedule untouched: `train.state`);
+   `applied_frac` logs how many of the planned updates were applied. With
    `rl.shuffle_rewards` (the control) the step's rewards are permuted across the batch;
 5. log (with the first update's rollout-trainer agreement: |log p_train - log p_sampler| over
    generated tokens and max |ratio - 1|), evaluate at the start (the record of iteration 0)
@@ -83,6 +84,11 @@ def _updates_per_iteration(rl: ml_collections.ConfigDict) -> int:
 def rollout_budget(rl: ml_collections.ConfigDict) -> int:
     """Trajectories the run may generate: `rl.max_rollouts`, or steps x P x G where it is 0."""
     return int(rl.max_rollouts) or int(rl.steps) * int(rl.num_prompts) * int(rl.group_size)
+
+
+def plain_iterations(rl: ml_collections.ConfigDict) -> int:
+    """Iterations a run of one round per iteration takes to spend its budget (at most rl.steps)."""
+    return min(int(rl.steps), -(-rollout_budget(rl) // (int(rl.num_prompts) * int(rl.group_size))))
 
 
 def _check(rl: ml_collections.ConfigDict, algo: str) -> None:
@@ -273,7 +279,8 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
     if config.eval.max_entries:
         test_pool = test_pool[: int(config.eval.max_entries)]
 
-    t = setup.training(config, rl, s, int(rl.steps) * _updates_per_iteration(rl))
+    iterations = plain_iterations(rl)  # the schedule's default length: a plain run's updates
+    t = setup.training(config, rl, s, iterations * _updates_per_iteration(rl))
     cfg, optim_cfg, ckpt, state = t.cfg, t.optim, t.checkpointer, t.state
     objective = setup.objective_from_config(rl)
     tokens_draw = token_draw(algo, rl, config.seed)
@@ -309,7 +316,7 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
             MetricsWriter(
                 workdir,
                 # iterations at one round each (a dynamic arm may spend its budget sooner)
-                total_steps=min(int(rl.steps), -(-budget // (p_ * g_))),
+                total_steps=iterations,  # at one round each (a dynamic arm may end sooner)
                 initial_step=start,
                 desc=algo,
                 bar_keys=("reward_mean", "degenerate_frac", "eval_success"),
@@ -324,7 +331,10 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
         evaluate = functools.partial(heldout, config, cfg, tokenizer, mesh, test_pool, eval_token)
         # the start, under the same token as every later evaluation (once: a run killed before
         # its first checkpoint resumes at 0 with this record kept)
-        if start == 0 and evaluating and not any(r["step"] == 0 for r in history):
+        # process 0 alone holds the records: every process must take the same path into the
+        # evaluation's collectives, so they go by its answer
+        (started,), *_ = distributed.allgather_objects([any(r["step"] == 0 for r in history)])
+        if start == 0 and evaluating and not started:
             record = {**evaluate(state.params), "rollouts": 0, "budget_point": 0}
             history.append(writer.write(0, record))
         for it in range(start, int(rl.steps)):
@@ -397,13 +407,14 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
             spent = budget - generated < g_  # within one round of the budget
             last = spent or it + 1 == int(rl.steps)
             periodic = bool(rl.eval_every) and (it + 1) % int(rl.eval_every) == 0
-            if (
-                periodic
-                or reached(points, generated) > reached(points, before)
-                or (last and evaluating)
-            ):
+            new_point = reached(points, generated) > reached(points, before)
+            if periodic or new_point or (last and evaluating):
                 record.update(evaluate(state.params, sampled=last))
-                record["budget_point"] = len(points) if spent else reached(points, generated)
+                # the budget point this measurement stands for; -1: none (periodic only)
+                record["budget_point"] = (
+                    len(points) if spent and points
+                    else reached(points, generated) if new_point else -1
+                )  # fmt: skip
             history.append(writer.write(it + 1, record))
             done = it + 1
             ckpt.save(done, state, {"iteration": done, "generated_rollouts": generated})

@@ -158,7 +158,7 @@ def _curves(summary: dict[str, Any]) -> dict[str, Curve]:
     return {
         name: Curve.from_dict(row["curve"])
         for name, row in summary["arms"].items()
-        if name not in STAGE1 and row.get("curve")
+        if name not in STAGE1 and (row.get("curve") or {}).get("points")
     }
 
 
@@ -186,8 +186,9 @@ def cost(per_run: Runs, reference: str = BASELINE) -> dict[str, dict[str, Any]]:
     """The rollout ratio, per arm: on each run, the trajectories the arm needed to reach the
     final held-out success of `reference` on that run (`Curve.to_reach`; "not reached" within
     the budget is None), and reference's need over the arm's (> 1: the arm needed fewer).
-    Summarised as how many runs reached, the mean need where reached, and the geometric mean
-    of the ratios where both reached (a ratio's natural average)."""
+    Summarised as how many runs reached (`at_start`: of them, how many at the start already,
+    where a ratio is 0 or infinite), the mean need where reached, and the geometric mean of
+    the finite, positive ratios (a ratio's natural average) with their count `ratio_n`."""
     per_arm: dict[str, dict[str, Any]] = {}
     for label, s in per_run.items():
         curves = _curves(s)
@@ -205,9 +206,10 @@ def cost(per_run: Runs, reference: str = BASELINE) -> dict[str, dict[str, Any]]:
         needs = [r["needed"] for r in runs if r["needed"] is not None]
         ratios = [r["ratio"] for r in runs if r["ratio"] is not None and 0 < r["ratio"] < np.inf]
         row.update(
-            reached=len(needs), n=len(row["runs"]),
+            reached=len(needs), at_start=sum(x == 0 for x in needs), n=len(row["runs"]),
             needed_mean=float(np.mean(needs)) if needs else None,
             ratio_geomean=float(np.exp(np.mean(np.log(ratios)))) if ratios else None,
+            ratio_n=len(ratios),
         )  # fmt: skip
     return per_arm
 
@@ -262,8 +264,9 @@ def _cell(iv: dict[str, float] | None, signed: bool = False, width: int = 15) ->
 
 
 def format_report(per_run: Runs, agg: dict[str, Any]) -> str:
-    """The per-run table, targets and distinct runs; a blank line; per arm start, end and
-    change; a blank line; the paired differences."""
+    """The per-run table, targets and distinct runs; per arm start, end and change; where the
+    runs have curves, the curve table and the rollout-ratio table; the paired differences
+    (blocks separated by blank lines)."""
     pct = lambda x: "  -  " if _num(x) is None else f"{100 * x:5.1f}"
     mark = lambda ok: "-" if ok is None else "yes" if ok else "NO"
     get = lambda s, arm, key: s["arms"].get(arm, {}).get(key)
@@ -341,14 +344,15 @@ def _curve_blocks(agg: dict[str, Any]) -> list[str]:
     cost_rows = agg.get("cost", {})
     if cost_rows:
         lines = [
-            f"{f'trajectories to reach {BASELINE} final':<{w + 18}}{'reached':>9}{'mean':>8}"
-            f"{'ratio':>7}"
+            f"{f'trajectories to reach {BASELINE} final':<{w + 18}}{'reached':>9}{'at start':>9}"
+            f"{'mean':>8}{'ratio (n)':>12}"
         ]
         for name, r in cost_rows.items():
             mean = "-" if r["needed_mean"] is None else f"{r['needed_mean']:.0f}"
             ratio_ = "-" if r["ratio_geomean"] is None else f"{r['ratio_geomean']:.2f}x"
             reached = f"{r['reached']}/{r['n']}"
-            lines.append(f"{name:<{w + 18}}{reached:>9}{mean:>8}{ratio_:>7}")
+            ratio_ += f" ({r['ratio_n']})"
+            lines.append(f"{name:<{w + 18}}{reached:>9}{r['at_start']:>9}{mean:>8}{ratio_:>12}")
         out.append("\n".join(lines))
     return out
 
