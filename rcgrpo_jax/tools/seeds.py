@@ -304,6 +304,8 @@ def format_report(per_run: Runs, agg: dict[str, Any]) -> str:
 
     arms = agg["arms"]
     cols = [("start_success", "start %"), ("heldout_success", "end %"), ("change", "change pts")]
+    if any("auc" in row for row in arms.values()):
+        cols += [("auc", "area %")]
     if any("sampled_success" in row for row in arms.values()):
         cols += [("sampled_start", "sampled start %"), ("sampled_success", "sampled end %"),
                  ("sampled_change", "sampled change")]  # fmt: skip
