@@ -315,7 +315,6 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
         writer = stack.enter_context(
             MetricsWriter(
                 workdir,
-                # iterations at one round each (a dynamic arm may spend its budget sooner)
                 total_steps=iterations,  # at one round each (a dynamic arm may end sooner)
                 initial_step=start,
                 desc=algo,
