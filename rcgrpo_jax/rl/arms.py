@@ -86,13 +86,21 @@ def rl_arms(config: ml_collections.ConfigDict) -> tuple[Arm, ...]:
     every chosen arm it controls."""
     arms = [ARMS[n] for n in chosen(tuple(config.arms))]
     for kind in config.controls:
-        suffix, rl, controlled = CONTROLS[kind]
-        arms += [
-            Arm(f"{a.name}_{suffix}", a.init, a.algo, {**a.rl, **rl})
-            for a in list(arms)
-            if a.name in controlled
-        ]
+        suffix, _, controlled = CONTROLS[kind]
+        arms += [find(f"{a.name}_{suffix}") for a in list(arms) if a.name in controlled]
     return tuple(arms)
+
+
+def find(name: str) -> Arm:
+    """The arm `name` stands for: a cell of the table, or a control of one (with its settings)."""
+    if name in ARMS:
+        return ARMS[name]
+    control = control_of(name)
+    if control is None:
+        raise ValueError(f"unknown arm {name!r}; have {sorted(ARMS)} and their controls")
+    base, kind = control
+    suffix, rl, _ = CONTROLS[kind]
+    return Arm(name, ARMS[base].init, ARMS[base].algo, {**ARMS[base].rl, **rl})
 
 
 def control_of(name: str) -> tuple[str, str] | None:

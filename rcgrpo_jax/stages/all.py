@@ -42,7 +42,7 @@ from typing import Any
 import ml_collections
 
 from rcgrpo_jax import machine
-from rcgrpo_jax.rl.arms import rl_arms
+from rcgrpo_jax.rl.arms import find, rl_arms
 from rcgrpo_jax.stages import setup
 from rcgrpo_jax.train import plots
 from rcgrpo_jax.train.metrics import write_atomic
@@ -56,14 +56,16 @@ def _node(root: ml_collections.ConfigDict, path: list[str]) -> Any:
     return root
 
 
-def _sub(config: ml_collections.ConfigDict, stage: str, name: str, rl: Mapping[str, Any] = {}):
+def _sub(
+    config: ml_collections.ConfigDict, stage: str, name: str, rl: Mapping[str, Any] | None = None
+):
     """The config of one stage; RL arms read the tokenizer saved with their stage-1 export."""
     c = ml_collections.ConfigDict(config.to_dict())
     c.stage = stage
     c.workdir = str(Path(config.workdir) / name)
-    if rl.get("init_from"):
+    if (rl or {}).get("init_from"):
         c.tokenizer_path = ""
-    for k, v in rl.items():
+    for k, v in (rl or {}).items():
         *path, leaf = k.split(".")  # "optim.lr": c.rl.optim.lr
         _node(c.rl, path)[leaf] = v
     return c
@@ -207,7 +209,7 @@ def targets(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     deg_rc, deg_g = _degenerate(arms)
     start = {
         name: row.get("start_success") if row.get("start_success") is not None
-        else get(name.split("_")[0], "heldout_success")
+        else get(find(name).init, "heldout_success")
         for name, row in arms.items() if name not in STAGE1
     }  # fmt: skip
     return {
@@ -291,10 +293,11 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     for arm in arms_run:
         init_from = str(workdir / arm.init / "export")
         c = _sub(config, arm.algo, arm.name, {**arm.rl, "init_from": init_from})
-        what = f"{rl_loop.rollout_budget(c.rl)} trajectories from {arm.init}"
-        what += ", dynamic sampling" if arm.dynamic else ""
+        budget = rl_loop.rollout_budget(c.rl)
+        sampling = ", dynamic sampling" if arm.dynamic else ""
+        what = f"{budget} trajectories from {arm.init}{sampling}"
         done = _run_once(c, functools.partial(rl_loop.run, name=arm.name), what)
-        stats = rl_loop.run_stats(Path(c.workdir), rl_loop.rollout_budget(c.rl))
+        stats = rl_loop.run_stats(Path(c.workdir), budget)
         arms[arm.name] = {**stats, "ended": done.get("ended")}
 
     runs = {arm.name: workdir / arm.name / "metrics.jsonl" for arm in arms_run}

@@ -49,7 +49,6 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import json
 import sys
 import time
 from pathlib import Path
@@ -218,15 +217,13 @@ def by_kind(record: dict[str, Any], key: str = "eval_success") -> dict[str, floa
     return {k.removeprefix(prefix): v for k, v in record.items() if k.startswith(prefix)}
 
 
-def run_stats(workdir: Path, budget: int | None = None) -> dict[str, Any]:
+def run_stats(workdir: Path, budget: int) -> dict[str, Any]:
     """Over an RL run (its metrics.jsonl): mean degenerate-group fraction, entropy and reward,
     the fraction of updates applied, and held-out success at the start (the record of
     iteration 0) and at the end (the last evaluation); sampled success too where measured; the
     trajectories generated, and held-out success against them (`curve`, its normalised area
-    `auc`) over the run's budget (default: its summary.json's)."""
+    `auc`) over the run's `budget`."""
     rows = read_jsonl(workdir / "metrics.jsonl")
-    if budget is None:
-        budget = int(json.loads((workdir / "summary.json").read_text())["budget"])
     curve = Curve.from_records(rows, budget)
     evals = [r for r in rows if r.get("eval_success") is not None]
     first = lambda k: evals[0].get(k, float("nan")) if evals and evals[0]["step"] == 0 else None
