@@ -63,7 +63,7 @@ def child(a: argparse.Namespace) -> dict:
     from rcgrpo_jax import models
     from rcgrpo_jax.config import base_config
     from rcgrpo_jax.envs.reward_tokens import LOW
-    from rcgrpo_jax.stages.setup import objective_from_config
+    from rcgrpo_jax.rl.losses import objective_from_config
     from rcgrpo_jax.train.optim import OptimConfig
 
     t, kind = a.length, a.kind

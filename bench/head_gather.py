@@ -66,7 +66,7 @@ def measure(cfg, batch: dict[str, Any], steps: int) -> dict[str, float]:
 
     from rcgrpo_jax import models
     from rcgrpo_jax.config import base_config
-    from rcgrpo_jax.stages.setup import objective_from_config
+    from rcgrpo_jax.rl.losses import objective_from_config
     from rcgrpo_jax.train.optim import OptimConfig
 
     params = models.init_params(cfg, jax.random.key(0))

@@ -11,7 +11,7 @@ Rows (same random Qwen2 weights on both sides; our compile time excluded by a wa
   PyTorch eager on transformers' Qwen2ForCausalLM; ours applies the LM head at the loss's
   positions only (`loss_index`, as the RL stage does under `model.gather_head`), PyTorch's at
   every position, as TRL does; tokens/s and MFU = analytic model FLOPs
-  (`tools.plan.train_flops`: 6·N·tokens + attention, the full head on both sides) / step time /
+  (`planning.train_flops`: 6·N·tokens + attention, the full head on both sides) / step time /
   that side's measured peak.
   The first step's loss and gradient norm must agree on both sides (asserted, printed); the
   later steps are timed on the two sides in turn.
@@ -27,6 +27,10 @@ process's CPU affinity), unless `--torch-threads` says otherwise; the header pri
 A ratio at unequal threads is not a fair comparison.
 Without torch/transformers (or, on a GPU, without CUDA torch) the PyTorch columns are skipped
 and the header says why. bench/gpu.sh runs this on a CUDA device with a Qwen2.5-0.5B shape.
+
+The file stays ~750 lines long because it is one command printing one table whose rows share one
+set-up (the shape, the same weights on both sides, the measured peaks that divide every MFU);
+the decode and rollout loops it times are bench/sampler.py's.
 """
 
 from __future__ import annotations
@@ -275,7 +279,7 @@ def train_settings():
     """(objective, optimizer config) of the timed train step: the base config's objective (grpo,
     what torch_train mirrors), AdamW at lr 1e-5 without decay, clipping at 1."""
     from rcgrpo_jax.config import base_config
-    from rcgrpo_jax.stages.setup import objective_from_config
+    from rcgrpo_jax.rl.losses import objective_from_config
     from rcgrpo_jax.train.optim import OptimConfig
 
     objective = objective_from_config(base_config().rl)
@@ -425,9 +429,8 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(HERE))
     import sampler as sb  # bench/sampler.py: make_model, hf_generate, rollout plan and loops
 
-    from rcgrpo_jax import models, sampling
+    from rcgrpo_jax import models, planning, sampling
     from rcgrpo_jax.machine import cpu, cpu_line, usable_cores
-    from rcgrpo_jax.tools import plan
 
     mode = MODES[args.mode]
     bf16 = args.dtype == "bf16"
@@ -557,7 +560,7 @@ def main(argv=None) -> int:
         (t_ours, _), (t_hf, _) = sb.best_times_interleaved((run_o, run_h), mode["steps"])
         del train_model, run_h
     tokens = P * G * T
-    flops = plan.train_flops(cfg, plan.Shape(prompts=P, group=G, seq=T))[0]
+    flops = planning.train_flops(cfg, planning.Shape(prompts=P, group=G, seq=T))[0]
     tps_o, tps_h = tokens / t_ours, (tokens / t_hf if t_hf else None)
     # The host's speed drifts between seconds (a shared VM): measure each peak again right after
     # its train step and divide by the higher of the two, so a slow moment during the first
@@ -607,7 +610,7 @@ def main(argv=None) -> int:
             "—" if mfu_h is None else f"{mfu_h:.0%}",
             "—",
             target(mfu_o >= 0.6, "≥ 60%"),
-            f"{flops / 1e9:,.1f} GFLOP/step (6·N·tokens + attention, tools/plan.py); " + peaks_note,
+            f"{flops / 1e9:,.1f} GFLOP/step (6·N·tokens + attention, models.flops); " + peaks_note,
         )
     )
 

@@ -2,8 +2,8 @@
 
 Synthetic multi-turn file-system tasks over bfcl-eval's GorillaFileSystem simulator (the same
 executor and reward as BFCL), a SentencePiece tokenizer trained at start-up, and a tiny decoder
-trained from scratch: base → warm start (SFT) → SFT → GRPO and RC-GRPO, warm start → RCTP →
-RC-GRPO and GRPO under <|high_reward|> (`stages.all.RL_ARMS`).
+trained from scratch: base → warm start (SFT) → SFT → GRPO, warm start → RCTP → RC-GRPO, each
+RL arm plain and with dynamic sampling, all at one budget of trajectories (`rl.arms.ARMS`).
 """
 
 from rcgrpo_jax.config import base_config
@@ -17,9 +17,10 @@ def get_config():
     c.env.synthetic.num_train = 400
     c.env.synthetic.num_test = 128
     # RL's prompts: 400 tasks over a third set of names that neither stage 1 nor the held-out
-    # tasks use (`rl.prompt_split`). On stage 1's own prompts the policy is right ~90% of the
-    # time and its held-out failures (names it has not seen) never occur, so RL there had
-    # nothing the held-out set measures to fix (docs/experiments/tiny_default.md).
+    # tasks use (`rl.prompt_split`). On stage 1's own prompts the policy is mostly right and its
+    # held-out failures (names it has not seen) do not occur, so RL there has nothing the
+    # held-out set measures to fix (docs/experiments/tiny_default.md, "Why RL does not move
+    # held-out success").
     c.env.synthetic.num_rl = 400
     # One-turn tasks of three kinds (`synthetic.MAIN_TEMPLATES`):
     # - count_top / copy_top / rename_top: act on the top folder's only file (listed by `ls`),
@@ -27,12 +28,12 @@ def get_config():
     # - rename_by_ext: enter a named folder, list it, rename its file of a given extension;
     # - clone_text: enter, list, read a file, write its words into a new file.
     # Folders, files and new names come from disjoint syllables (`name_roles`): the agent finds
-    # a name by its role (and, in a folder of two files, its extension), not by its position,
-    # and that copy forms within ~1000 steps on every seed measured on 2 cores (on 1 core, whose
-    # rounding differs, two warm starts in five ended at 21% and 27%:
-    # docs/experiments/tiny_default.md). clone_text's words share one role and must be copied
-    # in order, which the tiny model does not learn (0% on every seed measured): it keeps
-    # stage 1 below the ceiling.
+    # a name by its role (and, in a folder of two files, its extension), not by its position:
+    # a copy the 1000 warm-start steps form, where a copy by position waits out a plateau
+    # whose length rides on the seed and the rounding (docs/experiments/tiny_default.md, "Names
+    # found by role, not by position"; on 1 core: "Seeds 0–4 on one core"). clone_text's words
+    # share one role and must be copied in order, which the tiny model does not learn: it
+    # keeps stage 1 below the ceiling.
     c.env.synthetic.difficulty.turns = (1, 1)
     c.env.synthetic.difficulty.templates = (
         "count_top", "copy_top", "rename_top", "rename_by_ext", "clone_text",
@@ -45,8 +46,9 @@ def get_config():
     c.model.chat_format = "python"
     c.model.dtype = "float32"
     c.model.scan_layers = False  # 3 layers: the unrolled loop is the faster step on CPU
-    # A 1024-token head on 64 wide rows is a small part of the step here: gathering saved ~7%
-    # of a stage-1 step and cost a program per (T, K) bucket (docs/benchmarks.md).
+    # A 1024-token head on 64 wide rows is a small part of the step here: gathering saves little
+    # and costs a program per (T, K) bucket (docs/benchmarks.md, "The head only where the loss
+    # is").
     c.model.gather_head = False
     c.model.arch.vocab_size = 1024
     c.model.arch.hidden_size = 64  # 128 (0.72M params): ~4x slower per step on 2 cores
@@ -112,19 +114,20 @@ def get_config():
     c.rl.eval_points = 4
     c.rl.checkpoint_every = 4
     # A fresh Adam's first update is lr x sign(g) on every weight whatever the gradient's size,
-    # and clip_norm acts before Adam: at 3e-3 (stage 1 ended at 1e-2 decayed) one update took
-    # training success 0.91 -> 0.41. With informative groups only, 1e-3 after a 4-update
-    # warm-up moves held-out success while the shuffled-reward control does not; on plain
-    # GRPO's mixed batches 3e-4 was the rate that did not collapse
-    # (docs/experiments/tiny_default.md).
+    # and clip_norm acts before Adam, so the rate alone sets how far the first updates move the
+    # policy: too high and one update collapses it. 1e-3 after a 4-update warm-up, on groups
+    # that carry signal, moves held-out success while the shuffled-reward control does not
+    # (docs/experiments/tiny_default.md, "An RL recipe that does not collapse" and "The recipe
+    # that learns").
     c.rl.optim.lr = 1e-3
     c.rl.optim.warmup_steps = 4
 
     c.eval.policy = "model"
     c.eval.max_new_tokens = 32
     c.eval.max_len = 384
-    # 128 held-out tasks (0.8 points each; 32 gave 3.1-point steps, too coarse for RL's change),
-    # and each RL arm's start and end also as the mean success of 4 samples at temperature 1.
+    # 128 held-out tasks (0.8 points each; 32 would give 3.1-point steps, too coarse for RL's
+    # change), and each RL arm's start and end also as the mean success of 4 samples at
+    # temperature 1.
     c.eval.max_entries = 128
     c.eval.samples = 4
     return c

@@ -19,8 +19,8 @@ def get_config():
     d = c.env.synthetic.difficulty
     d.turns = (2, 3)
     d.followup = 1.0  # every later turn is a follow-up on the previous turn's file
-    # The one-turn demo's kinds but clone_text (0% on every seed measured: its word copy does
-    # not form in the tiny model), each followed by `count_in_file` or `copy_as` turns
+    # The one-turn demo's kinds but clone_text (its word copy does not form in the tiny model:
+    # `configs/tiny.py`), each followed by `count_in_file` or `copy_as` turns
     # (`synthetic.FOLLOWUP_TEMPLATES`); a task's kind is its turns' templates joined by ">".
     d.templates = ("count_top", "copy_top", "rename_top", "rename_by_ext")
     return c

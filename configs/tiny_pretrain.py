@@ -30,7 +30,9 @@ def get_config():
     for key in ("perturbations", "low_per_high", "train_steps"):
         c.rctp[key] = default.rctp[key]
     c.train.warm_start_steps = 0
-    # The demo's environment and rows before its names had roles (the bases were made so).
+    # Names without roles and the default depth and distractors: the environment the
+    # pretraining was built and measured on (docs/experiments/tiny_default.md, "A shipped base
+    # instead of a from-scratch model").
     c.env.synthetic.difficulty.name_roles = False
     c.env.synthetic.difficulty.depth = default.env.synthetic.difficulty.depth
     c.env.synthetic.difficulty.distractors = default.env.synthetic.difficulty.distractors

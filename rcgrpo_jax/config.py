@@ -1,7 +1,7 @@
 """The base experiment config; `configs/*.py` start from it and change what differs.
 
 Every key a run reads is declared here (ml_collections rejects unknown overrides), with the
-meaning next to it. Overrides: `--config.train.lr=1e-6`.
+meaning next to it. Overrides: `--config.train.optim.lr=1e-6`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.controls = ()
 
     # (data, fsdp, tensor); product must equal the number of devices in use, -1 fills one axis.
-    # "auto": planned on the devices present (`tools.plan.choose`): the first mesh, then
+    # "auto": planned on the devices present (`planning.choose`): the first mesh, then
     # rl.optim.grad_accum and rl.max_rows, under which every program fits; printed in one line.
     c.mesh = ml_collections.ConfigDict({"shape": (-1, 1, 1)})
     # What the sampler reads (rollouts and evaluation): "tensor" = a compute-dtype copy of the
@@ -145,7 +145,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict()
     c.train.steps = 1000
     # Stage `all`: SFT steps on the golden trajectories before SFT and RCTP split, both arms then
-    # continuing from that one model (experiment.py says why); 0 = both start from the base.
+    # continuing from that one model, as the paper's arms share one instruct model
+    # (`stages/all.py`, `configs/tiny.py`); 0 = both start from the base.
     c.train.warm_start_steps = 0
     c.train.batch_size = 8  # packed rows per step (global)
     c.train.seq_len = 4096  # row length; examples are packed, never split
@@ -244,10 +245,11 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def bfcl_rl_recipe(c: ml_collections.ConfigDict) -> None:
-    """The RL recipe that raised the demo's held-out success on every arm against its controls
-    (docs/experiments/tiny_default.md), in the terms of a 7B/8B model on BFCL; the 7B and 8B
-    configs call it. It has not been run at that size, and two keys are not the demo's
-    (rl.minibatches, rctp.rollouts_per_entry: said below)."""
+    """The demo's RL recipe (`configs/tiny.py`; its runs against the shuffled-reward and lr-0
+    controls are in docs/experiments/tiny_default.md) in the terms of a 7B/8B model on BFCL;
+    the 7B and 8B configs call it. It has not been run at that size. Besides the learning rate
+    and warm-up, in a 7B model's terms, three settings are not the demo's: the arms (the dynamic
+    ones only), rl.minibatches and rctp.rollouts_per_entry (said below)."""
     # RL's prompts: BFCL's training split, disjoint from the held-out test split (BFCL has no
     # third split of unseen names, the synthetic demo's `rl` split).
     c.rl.prompt_split = "train"
@@ -273,6 +275,8 @@ def bfcl_rl_recipe(c: ml_collections.ConfigDict) -> None:
     # RCTP's data includes 2 rollouts per entry of the stage-1 starting model (the instruct
     # model here), labelled by their reward: its failures join the low-reward examples, so that
     # <|low_reward|> produces failures like the policy's, not only scripted perturbations (its
-    # successes join the high ones, which SFT's data then lacks). Not the demo's setting: there
-    # the warm start fails mostly on unseen names and its rollouts did not help.
+    # successes join the high ones, which SFT's data then lacks). Off in the demo, whose warm
+    # start fails mostly on names it has not seen: there its own failures among the label-0
+    # examples leave <|low_reward|> where the scripted ones put it
+    # (docs/experiments/tiny_default.md, "An RL recipe that does not collapse").
     c.rctp.rollouts_per_entry = 2

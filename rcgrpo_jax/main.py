@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import importlib
-import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -22,28 +21,21 @@ from rcgrpo_jax.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny.py", "Experiment config file.")
 
-# stage -> (module with a `run(config) -> dict`, the issue that builds it)
+# stage -> the module whose `run(config) -> dict` runs it
 _STAGE_RUNNERS = {
-    "eval": ("rcgrpo_jax.stages.eval", 4),
-    "sft": ("rcgrpo_jax.stages.sft", 5),
-    "rctp": ("rcgrpo_jax.stages.sft", 5),
-    "grpo": ("rcgrpo_jax.stages.rl", 6),
-    "rcgrpo": ("rcgrpo_jax.stages.rl", 6),
-    "all": ("rcgrpo_jax.stages.all", 7),
+    "eval": "rcgrpo_jax.stages.eval",
+    "sft": "rcgrpo_jax.stages.sft",
+    "rctp": "rcgrpo_jax.stages.sft",
+    "grpo": "rcgrpo_jax.stages.rl",
+    "rcgrpo": "rcgrpo_jax.stages.rl",
+    "all": "rcgrpo_jax.stages.all",
 }
 
 
 def _runner(stage: str):
-    if stage not in STAGES:
+    if stage not in _STAGE_RUNNERS:
         raise UserError(f"config.stage={stage!r}; expected one of {', '.join(STAGES)}")
-    module, issue = _STAGE_RUNNERS[stage]
-    if importlib.util.find_spec(module) is None:
-        raise UserError(f"stage {stage!r} is not built yet (issue #{issue}); built: {built()}")
-    return importlib.import_module(module).run
-
-
-def built() -> str:
-    return ", ".join(s for s, (m, _) in _STAGE_RUNNERS.items() if importlib.util.find_spec(m))
+    return importlib.import_module(_STAGE_RUNNERS[stage]).run
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -85,10 +77,10 @@ def main(argv: list[str]) -> int:
         compilation.configure_from(config)
 
         maybe_initialize()  # multi-host TPU slices; a no-op for a single process
-        from rcgrpo_jax.tools import plan
+        from rcgrpo_jax import planning
 
-        if plan.is_auto(config.mesh.shape):
-            line = plan.resolve_auto(config)
+        if planning.is_auto(config.mesh.shape):
+            line = planning.resolve_auto(config)
             if is_main_process():
                 print(line, flush=True)
         run(config)

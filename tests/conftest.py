@@ -90,13 +90,21 @@ def tokenizers_dir() -> Path | None:
     return None
 
 
+def on_ci() -> bool:
+    """CI=true (or 1), as CI services set it: a missing fixture there is a failure, not a skip."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1")
+
+
 @pytest.fixture(scope="session")
 def tokenizer_root() -> Path:
+    """The real tokenizers' folder. A developer without them skips the tests that need them; CI
+    fails those tests instead, so that a run that tested less does not pass as a full one."""
     root = tokenizers_dir()
     if root is None:
-        pytest.skip(
-            "real tokenizers not found (set RCGRPO_TOKENIZERS or provide ../shared/tokenizers)"
-        )
+        where = f"set RCGRPO_TOKENIZERS or provide {REPO.parent / 'shared' / 'tokenizers'}"
+        if on_ci():
+            pytest.fail(f"CI=true: real tokenizers not found ({where})", pytrace=False)
+        pytest.skip(f"real tokenizers not found ({where})")
     return root
 
 

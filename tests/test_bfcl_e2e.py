@@ -11,11 +11,19 @@ counts and entry counts only: every length (`rl.max_len`, `eval.max_len`, `train
 16,384 tokens. Each run is a child process; its peak RSS (`os.wait4`) is printed and bounded.
 
 Cost: the fused step's head over a 152k vocabulary at 2 x 16,384 positions dominates (~15-30 s a
-step on 2 cores), so LLaMA takes the shorter path; Qwen through `all` is ~2.5 min, LLaMA ~1 min.
+step on 2 cores), so LLaMA takes the shorter path; Qwen through `all` is ~3 min (its two RC-GRPO
+updates, the step's compile included, ~17 s of it), LLaMA ~1 min.
 
 The official checker `eval`s call strings: it is handed only stored stage-1 trajectories (ground
 truth and its perturbations) and model trajectories without calls; model text with calls is
 scored against our reward (equal to the checker by tests/test_bfcl_reward.py).
+
+A random model's rollouts all fail, so no RL group would carry signal and no update would run:
+the Qwen run's environment is tests/forced_rewards.py's "bfcl" (`env.module`), whose reward is the
+checker's verdict raised to 1 for a row conditioned on <|high_reward|>. Its RC-GRPO groups (one
+high and one low row) are then mixed and update; GRPO's keep the checker's uniform verdict.
+Stage 1's data is scored by the checker itself (not the environment), and the LLaMA runs use
+the plain environment.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from conftest import REPO, mask_runs, shipped_config, xla_flags
 
 from rcgrpo_jax.envs import bfcl, prompts
 from rcgrpo_jax.envs.calls import extract_calls
-from rcgrpo_jax.rl.arms import chosen
+from rcgrpo_jax.rl import arms as arm_table
 
 CATEGORY = "multi_turn_base"
 # Sizes, step counts and entry counts only; no length is overridden.
@@ -67,11 +75,20 @@ LENGTH_KEYS = ("rl.max_len", "eval.max_len", "train.seq_len", "rctp.max_tokens")
 FULL_LENGTH = 16384
 PEAK_RSS_LIMIT = 12 * 2**30  # the runs must fit a 24 GB machine with room to spare
 TIMEOUT_S = 900
-ARMS = chosen(("paper", "sft_grpo_dynamic"))
+ARMS = arm_table.chosen(("paper", "sft_grpo_dynamic"))
 # the tokens each arm's rollouts carry (sorted, G = 2): none, both (stratified), or all high
 ARM_TOKENS = {
     "sft_grpo": [-1, -1], "sft_rcgrpo": [0, 1], "rctp_rcgrpo": [0, 1], "rctp_grpo": [1, 1],
     "sft_grpo_dynamic": [-1, -1],
+}  # fmt: skip
+# The Qwen run's environment: its rewards give RC-GRPO's groups signal (module docstring).
+FORCED_REWARDS = "--config.env.module=tests.forced_rewards"
+# What each arm's one group of 2 makes under those rewards: RC-GRPO's (low, high) = (0, 1) is
+# trained and updates; GRPO's share a token and a reward (all-fail without one, all-pass under
+# the high one): trained without signal (the step is not called) or, dynamic, dropped.
+ARM_OUTCOME = {
+    "sft_grpo": "no signal", "sft_rcgrpo": "applied", "rctp_rcgrpo": "applied",
+    "rctp_grpo": "no signal", "sft_grpo_dynamic": "dropped",
 }  # fmt: skip
 EOT = {"qwen": "<|im_end|>", "llama": "<|eot_id|>"}
 # Embedding rows of the released checkpoints: Qwen2.5-7B pads its 151,665 tokens to 152,064 (the
@@ -155,7 +172,7 @@ def qwen_run(qwen_model):
     root = qwen_model.parent
     work = root / "run"
     args = ["--config=configs/qwen7b.py", f"--config.model.hf_path={qwen_model}",
-            f"--config.workdir={work}", *SIZE_AND_STEPS]  # fmt: skip
+            f"--config.workdir={work}", *SIZE_AND_STEPS, FORCED_REWARDS]  # fmt: skip
     r = run_main(args, root / "main.log")  # one device: the FSDP axis has size 1
     _check_run(r, "qwen7b stage all")
     return {**r, "work": work, "model": qwen_model, "fmt": "qwen"}
@@ -326,11 +343,14 @@ def test_reward_tokens_are_in_the_vocabulary(qwen_run):
 def test_rl_arms_log_their_rollouts(qwen_run):
     """One iteration per arm: G=2 rollouts of one training prompt, conditioned on both reward
     tokens for RC-GRPO, on none for GRPO from SFT and on the high one from RCTP, scored (no
-    environment failure), the metrics agreeing with the log. The dynamic-sampling arm's budget
-    (2 trajectories) allows no second round; it updates only if its one group is informative."""
+    environment failure), the metrics agreeing with the log. Each arm's group does what
+    `ARM_OUTCOME` says: RC-GRPO's is mixed and its update applied; GRPO's is trained without
+    signal, so no step runs, or, with dynamic sampling (a budget of 2 trajectories: no second
+    round), dropped."""
     from rcgrpo_jax.envs.split import split_ids
 
     train = set(split_ids("train", CATEGORY))
+    assert set(ARM_OUTCOME.values()) == {"applied", "no signal", "dropped"}
     for arm in ARMS:
         (row,) = [json.loads(x) for x in (qwen_run["work"] / arm / "rollouts.jsonl").open()]
         log = qwen_run["work"] / arm / "metrics.jsonl"
@@ -344,14 +364,47 @@ def test_rl_arms_log_their_rollouts(qwen_run):
         assert row["env_errors"] == [[None, None]] and metrics["env_errors"] == 0
         assert metrics["reward_mean"] == pytest.approx(rewards.mean())
         assert metrics["sampled_tokens"] > 0 and metrics["generated_rollouts"] == 2
-        if row["trained"] == [True]:
-            # the step runs, and is applied, only when the group's rewards differ
-            signal = bool(rewards[0, 0] != rewards[0, 1])
-            assert metrics["applied_frac"] == float(signal)
-            assert (metrics["loss"] is not None and np.isfinite(metrics["loss"])) == signal
-        else:  # only the dynamic arm drops a group whose rewards are all equal: no update
-            assert arm == "sft_grpo_dynamic" and metrics["loss"] is None
-            assert rewards[0, 0] == rewards[0, 1]
+        outcome = ARM_OUTCOME[arm]
+        signal = bool(rewards[0, 0] != rewards[0, 1])
+        assert signal == (outcome == "applied"), (arm, rewards)
+        assert row["trained"] == [outcome != "dropped"], arm
+        assert metrics["applied_frac"] == float(signal), arm
+        updated = metrics["loss"] is not None and np.isfinite(metrics["loss"])
+        assert updated == signal, arm
+        if signal:
+            assert metrics["grad_norm"] > 0, arm
+
+
+def _weights_off_the_vocabulary(export: Path) -> dict[str, np.ndarray]:
+    """An export's weights but the vocabulary-sized ones (embedding, head: an RL stage may
+    initialise the reward tokens' rows without any update), by name."""
+    import jax
+
+    from rcgrpo_jax import models
+
+    cfg, params = models.load_hf(str(export))
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    return {
+        jax.tree_util.keystr(k): np.asarray(v)
+        for k, v in leaves
+        if cfg.vocab_size not in np.shape(v)
+    }
+
+
+def test_an_applied_update_changes_the_weights(qwen_run):
+    """An arm whose update was applied exports weights other than its start's (the stage-1
+    export it began from), every one of them moved; an arm without one exports its start's
+    weights bit for bit."""
+    work = qwen_run["work"]
+    for arm in ARMS:
+        start = _weights_off_the_vocabulary(work / arm_table.find(arm).init / "export")
+        end = _weights_off_the_vocabulary(work / arm / "export")
+        assert start.keys() == end.keys() and start
+        same = {k for k in start if np.array_equal(start[k], end[k])}
+        if ARM_OUTCOME[arm] == "applied":
+            assert not same, (arm, sorted(same))
+        else:
+            assert same == start.keys(), (arm, sorted(start.keys() - same))
 
 
 @pytest.mark.parametrize("which", ["qwen", "llama"])

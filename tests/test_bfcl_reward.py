@@ -11,7 +11,6 @@ import itertools
 import os
 import random
 import tempfile
-import time
 from contextlib import contextmanager
 
 import pytest
@@ -45,21 +44,27 @@ def ground_truth_decoded(entry):
     return [[list(turn)] if turn else [] for turn in entry.ground_truth]
 
 
+# bfcl-eval's long-context module objects as imported (copied once: they are large).
+_LONG_CONTEXT = {k: copy.deepcopy(v) for k, v in vars(long_context).items() if k.isupper()}
+
+
 @contextmanager
 def long_context_restored():
     """bfcl-eval's simulators mutate long-context module objects; undo after each official run
-    so that one official verdict cannot leak into the next."""
-    saved = {k: copy.deepcopy(v) for k, v in vars(long_context).items() if k.isupper()}
+    so that one official verdict cannot leak into the next. Compared first, copied only where
+    changed: most runs leave them as they were."""
     try:
         yield
     finally:
-        for k, v in saved.items():
+        for k, v in _LONG_CONTEXT.items():
             obj = getattr(long_context, k)
+            if obj == v:
+                continue
             if isinstance(obj, dict):
                 obj.clear()
-                obj.update(v)
+                obj.update(copy.deepcopy(v))
             elif isinstance(obj, list):
-                obj[:] = v
+                obj[:] = copy.deepcopy(v)
 
 
 def official_verdict(entry, decoded):
@@ -165,17 +170,6 @@ def perturbed_trajectories(seed=0):
     return out
 
 
-def test_ground_truth_scores_one_on_all_800():
-    entries = bfcl.load_all()
-    assert len(entries) == 800
-    start = time.perf_counter()
-    results = [bfcl.trajectory_reward(e, ground_truth_decoded(e)) for e in entries]
-    elapsed = time.perf_counter() - start
-    print(f"\nreward of the ground truth on 800 entries: {elapsed:.2f} s")
-    assert all(r.reward == 1.0 and r.state_ok and r.action_ok for r in results)
-    assert all(r.error_type is None and r.error_turn is None for r in results)
-
-
 def test_agrees_with_official_checker_on_perturbed_trajectories():
     trajectories = perturbed_trajectories()
     assert len(trajectories) >= 500
@@ -240,43 +234,87 @@ def test_calling_a_missed_function_early():
     assert (hidden.reward, hidden.error_type, hidden.error_turn) == (0.0, RESPONSE_MISMATCH, reveal)
 
 
-def _demo_tasks(per_split: int = 24) -> list:
-    """The first tasks of each split of the demo's environment (configs/tiny.py)."""
+def _demo_env():
+    """The demo's environment (configs/tiny.py) and how its runs drive an episode."""
     from conftest import shipped_config
 
+    from rcgrpo_jax.envs.base import EpisodeSettings
     from rcgrpo_jax.stages import setup
 
     config = shipped_config("tiny")
-    return [
-        e
-        for split in ("train", "test", "rl")
-        for e in setup.task_entries(config, split)[:per_split]
-    ]
+    settings = EpisodeSettings(
+        chat_format=config.model.chat_format,
+        max_steps_per_turn=config.env.max_steps_per_turn,
+        call_timeout_s=config.env.call_timeout_s,
+    )
+    return setup.environment(config), settings
 
 
-def test_agrees_with_official_checker_on_the_demo_tasks():
-    """The demo's synthetic tasks are scored by the same reward as BFCL's: on their ground truth
-    (look, then act, over several steps) and on every RCTP perturbation of it, our verdict is
-    bfcl-eval's `multi_turn_checker`'s."""
+def test_agrees_with_official_checker_on_the_demo_episodes():
+    """The demo's synthetic tasks are scored by the same reward as BFCL's. Played through the
+    demo's environment, each episode's reward is bfcl-eval's `multi_turn_checker` verdict on
+    what the episode recorded, under the reference policies (ground truth: every one succeeds;
+    no calls; acting without looking: every one fails) and under every RCTP perturbation of the
+    ground truth (look, then act, over several steps), played as a scripted policy. Our verdict
+    on each scripted plan, as written, is the checker's too."""
     from rcgrpo_jax.data import perturb as rctp_perturb
+    from rcgrpo_jax.envs import policies, synthetic
+
+    env, settings = _demo_env()
+    memo: dict[tuple, tuple] = {}
+
+    def verdict(entry, decoded):  # one official run per distinct trajectory of a task
+        key = (entry.id, repr(decoded))
+        if key not in memo:
+            memo[key] = official_verdict(entry, decoded)
+        return memo[key]
+
+    def played(entry, policy):
+        episode = env.episode(entry, settings)
+        policies.run_episodes([episode], policy)
+        return episode
 
     rng = random.Random(0)
-    verdicts, kinds = [], set()
-    for entry in _demo_tasks():
-        plan = rctp_perturb.ground_truth_plan(entry, "python")
-        trajectories = [("ground_truth", plan)]
+    scripted, by_policy = [], {}
+    for entry in (e for split in ("train", "test", "rl") for e in env.tasks(split)[:24]):
+        plan = rctp_perturb.ground_truth_plan(entry, settings.chat_format)
+        plans = [("ground_truth", plan)]
         for kind in rctp_perturb.PERTURBATIONS:
             p = rctp_perturb.perturb(entry, plan, kind, rng)
             if p is not None:
-                trajectories.append((kind, p.plan))
-        for kind, steps in trajectories:
+                plans.append((kind, p.plan))
+        episodes = [
+            ("reference ground_truth", played(entry, policies.ground_truth)),
+            ("reference empty", played(entry, policies.empty)),
+            ("reference act_without_looking", played(entry, synthetic.act_without_looking)),
+        ]
+        for kind, steps in plans:
+            episode = env.episode(entry, settings)
+            policies.run_episodes([episode], rctp_perturb.ScriptedPolicy({episode: steps}))
+            episodes.append((kind, episode))
             decoded = [[[format_call(c) for c in step] for step in turn] for turn in steps]
-            reference = official_verdict(entry, decoded)
-            assert ours(entry, decoded) == reference, (entry.id, kind, decoded)
-            if kind == "ground_truth":
-                assert reference == (True, None), entry.id
-            verdicts.append(reference)
-            kinds.add(kind)
-    assert kinds == {"ground_truth", *rctp_perturb.PERTURBATIONS}
-    assert {None, STATE_MISMATCH, RESPONSE_MISMATCH, EMPTY_TURN} <= {e for _, e in verdicts}
-    assert 0.2 < sum(valid for valid, _ in verdicts) / len(verdicts) < 0.9
+            reference = verdict(entry, decoded)
+            if decoded != episode.decoded:  # else the episode's reward, below, is this one
+                assert ours(entry, decoded) == reference, (entry.id, kind, decoded)
+            scripted.append((kind, reference))
+        for kind, episode in episodes:
+            result = episode.result()
+            reference = verdict(entry, episode.decoded)
+            assert (result.reward == 1.0, result.error_type) == reference, (
+                entry.id, kind, episode.decoded,
+            )  # fmt: skip
+            by_policy.setdefault(kind, []).append(reference)
+    assert {k for k, _ in scripted} == {"ground_truth", *rctp_perturb.PERTURBATIONS}
+    assert {r for k, r in scripted if k == "ground_truth"} == {(True, None)}
+    assert {None, STATE_MISMATCH, RESPONSE_MISMATCH, EMPTY_TURN} <= {e for _, (_, e) in scripted}
+    assert 0.2 < sum(valid for _, (valid, _) in scripted) / len(scripted) < 0.9
+    # success and failure both played: the references succeed and fail as they must
+    assert set(by_policy["reference ground_truth"]) == {(True, None)}
+    assert {v for v, _ in by_policy["reference empty"]} == {False}
+    assert {e for _, e in by_policy["reference empty"]} == {EMPTY_TURN}
+    blind = by_policy["reference act_without_looking"]
+    assert {v for v, _ in blind} == {False}
+    assert {e for _, e in blind} <= {RESPONSE_MISMATCH, STATE_MISMATCH}
+    assert {v for kind in rctp_perturb.PERTURBATIONS for v, _ in by_policy[kind]} == {
+        True, False,
+    }  # fmt: skip

@@ -1,42 +1,57 @@
-"""Kill anywhere, resume exactly; a truncated checkpoint; a full disk.
+"""Killed at fixed points, resumed exactly; a truncated checkpoint; a full disk.
 
 Each test runs the real command line (`python -m rcgrpo_jax.main`, configs/tiny.py shrunk as in
-test_stages, on 2 devices) in a subprocess. A kill is `SIGKILL` at a random point of the run
-(seeded: the seed is printed and `RCGRPO_KILL_SEED` replays it); the same command is then run
-again, and its logs, summary and exported weights must equal an uninterrupted run's, up to the
-wall-clock fields. Stage `all` killed inside a middle arm is in test_stages.py, which owns the
-uninterrupted `all` run.
+test_stages, on 2 devices) in a subprocess, as the demo runs RC-GRPO: with dynamic sampling, so an
+iteration draws later rounds (their prompts, reward tokens and sampler seeds) and updates on the
+groups it kept, over 2 epochs x 2 minibatches. Its rewards are tests/forced_rewards.py's coin: a
+random model's real rewards are all 0, and dynamic sampling would keep nothing and update nothing.
+A kill is SIGKILL at a chosen point of what the run did (tests/kill_points.py: an update, a saved
+checkpoint, an evaluation), not of the clock; the same command is then run again, and its logs,
+summary and exported weights must equal an uninterrupted run's, up to the wall-clock fields.
+Stage `all` killed inside a middle arm is in test_stages.py, which owns the uninterrupted `all`
+run (it uses `run_killed_at` below).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 from conftest import REPO, xla_flags
+from kill_points import EVENTS, KILL_AT
 from test_stages import OVERRIDES
 
 from rcgrpo_jax import models
+from rcgrpo_jax.envs.reward_tokens import HIGH, LOW
 from rcgrpo_jax.train.metrics import read_jsonl
 
 # Fields that measure time, not what the run computed.
 VOLATILE = {"time", "rollout_s", "update_s", "tokens_per_s", "step_time_s", "mfu", "compile_s"}
-RCGRPO = {"stage": "rcgrpo", "rl.steps": 4, "rl.eval_every": 2, "rl.init_from": ""}
+# The rewards' module (`env.module`): imported by the runs, never by this process.
+FORCED_REWARDS = "tests.forced_rewards"
+P, G, STEPS, ROUNDS = OVERRIDES["rl.num_prompts"], OVERRIDES["rl.group_size"], 4, 4
+RCGRPO = {
+    "stage": "rcgrpo", "rl.init_from": "", "env.module": FORCED_REWARDS,
+    "rl.dynamic_sampling": True, "rl.dynamic_max_rounds": ROUNDS,
+    "rl.steps": STEPS, "rl.eval_every": 2, "rl.eval_points": 0,
+    # every round of every iteration fits the budget: the run ends after rl.steps iterations
+    "rl.max_rollouts": STEPS * ROUNDS * P * G,
+    "rl.epochs": 2, "rl.minibatches": 2,  # the demo's: 4 updates per iteration
+}  # fmt: skip
 
 
-def command(workdir: Path, **extra) -> list[str]:
+def command(workdir: Path, program: tuple[str, ...] = ("-m", "rcgrpo_jax.main"), **extra):
+    """The command line of a run in `workdir` (`program`: the module or script python runs)."""
     args = [f"--config.{k}={v}" for k, v in {**OVERRIDES, **extra}.items()]
-    return [sys.executable, "-m", "rcgrpo_jax.main", "--config=configs/tiny.py",
+    return [sys.executable, *program, "--config=configs/tiny.py",
             f"--config.workdir={workdir}", *args]  # fmt: skip
 
 
@@ -52,33 +67,6 @@ def run(workdir: Path, timeout: float = 900, **extra) -> subprocess.CompletedPro
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     return out
-
-
-def kill_seed() -> int:
-    seed = int(os.environ.get("RCGRPO_KILL_SEED", time.time_ns() % 1_000_000))
-    print(f"kill seed {seed} (RCGRPO_KILL_SEED={seed} replays it)")
-    return seed
-
-
-def run_and_kill(workdir: Path, ready, delay_s: float, timeout: float = 900, **extra) -> None:
-    """Starts the command, waits until `ready()` holds, then `delay_s` more, and kills it with
-    SIGKILL; fails if the run finished first."""
-    log = open(workdir.parent / f"{workdir.name}.killed.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(
-        command(workdir, **extra), cwd=REPO, env=environment(), stdout=log, stderr=log
-    )
-    try:
-        deadline = time.monotonic() + timeout
-        while not ready() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(delay_s)
-        assert proc.poll() is None, f"the run ended before the kill (rc {proc.returncode})"
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(60) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
 
 
 def left_behind(rl_dir: Path) -> str:
@@ -120,7 +108,8 @@ def assert_same_rl_run(a: Path, b: Path) -> None:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
-    """An uninterrupted rcgrpo run from the random init: 4 iterations, eval at 2 and 4."""
+    """An uninterrupted RC-GRPO run with dynamic sampling from the random init: 4 iterations,
+    evaluated at the start, 2 and 4."""
     workdir = tmp_path_factory.mktemp("reference")
     run(workdir, **RCGRPO)
     return workdir
@@ -134,14 +123,78 @@ def test_sampled_evaluation_is_at_the_start_and_the_end_only(reference):
     assert [("eval_sampled" in evals[s]) for s in (0, 2, 4)] == [True, False, True]
 
 
-def test_rcgrpo_killed_anywhere_resumes_exactly(reference, tmp_path):
-    rng = random.Random(kill_seed())
+def test_dynamic_sampling_draws_both_tokens_in_every_round(reference):
+    """rollouts.jsonl holds each iteration's rounds in order, P groups each (the budget cuts
+    none): every round's groups carry both reward tokens (stratified: one high and one low per
+    group of 2), later rounds included; a group is trained only if its rewards differ, and the
+    run made later rounds and applied updates."""
+    rows = read_jsonl(reference / "rollouts.jsonl")
+    metrics = {r["step"]: r for r in read_jsonl(reference / "metrics.jsonl")}
+    assert [r["iteration"] for r in rows] == list(range(1, STEPS + 1))
+    for row in rows:
+        tokens, rewards = np.asarray(row["reward_token"]), np.asarray(row["rewards"])
+        assert tokens.shape == rewards.shape and tokens.shape[0] % P == 0, row
+        assert tokens.size == metrics[row["iteration"]]["generated_rollouts"]
+        for start in range(0, len(tokens), P):  # one round
+            assert {HIGH, LOW} <= set(tokens[start : start + P].ravel()), (row["iteration"], start)
+        assert (np.sort(tokens, 1) == [LOW, HIGH]).all()
+        mixed = rewards.min(1) < rewards.max(1)
+        assert not (np.asarray(row["trained"]) & ~mixed).any(), row
+    assert any(len(r["reward_token"]) > P for r in rows), "no iteration drew a later round"
+    assert any(metrics[r["iteration"]]["applied_frac"] > 0 for r in rows), "no update applied"
+
+
+def run_killed_at(workdir: Path, at: str, **extra) -> list[str]:
+    """The command under tests/kill_points.py, killed at its event `at` ("<event>:<n>");
+    returns the events it made, in order (the kill's last)."""
+    events = workdir.parent / f"{workdir.name}.{at.replace(':', '-')}.events"
+    env = {**environment(), KILL_AT: at, EVENTS: str(events)}
+    out = subprocess.run(
+        command(workdir, ("tests/kill_points.py",), **extra), cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    tail = out.stderr[-3000:]
+    assert out.returncode == -signal.SIGKILL, f"rc {out.returncode}, no kill at {at}:\n{tail}"
+    print(f"killed at {at}; left {left_behind(workdir)}")
+    return events.read_text().splitlines()
+
+
+def saved_steps(workdir: Path) -> list[int]:
+    return sorted(int(p.name) for p in (workdir / "checkpoints").glob("[0-9]*"))
+
+
+def assert_prefix_of(reference: Path, workdir: Path) -> list[int]:
+    """What a killed run left in its logs is the start of the uninterrupted run's; returns the
+    steps of the metrics records it left."""
+    for name in ("metrics.jsonl", "rollouts.jsonl"):
+        left = comparable(read_jsonl(workdir / name)) if (workdir / name).exists() else []
+        assert left == comparable(read_jsonl(reference / name))[: len(left)], name
+    return [r["step"] for r in read_jsonl(workdir / "metrics.jsonl")]
+
+
+def test_rcgrpo_killed_at_fixed_points_resumes_exactly(reference, tmp_path):
+    """One run killed three times, each time started again: mid-update (the second of an
+    iteration's updates: its state in memory only), just after a checkpoint is on disk (the
+    iteration the first kill cut short, done again), and mid-evaluation (the last one, its
+    greedy half measured, its sampled half begun: the last iteration's record and checkpoint
+    not yet written). What each kill left is a prefix of the uninterrupted run's logs; the
+    fourth start ends as that run did."""
     workdir = tmp_path / "run"
-    after = rng.randrange(RCGRPO["rl.steps"])  # iterations logged before the kill timer starts
-    delay = rng.uniform(0.0, 0.6)
-    held = run_and_kill(workdir, lambda: lines(workdir / "metrics.jsonl") >= after, delay, **RCGRPO)
-    print(f"killed {delay:.2f} s after {after} iterations were logged; held: {held}")
-    assert not (workdir / "summary.json").exists()
+    *_, before, last = run_killed_at(workdir, "update:2", **RCGRPO)
+    assert before == last and last.startswith("update "), (before, last)  # mid-iteration
+    cut = int(last.split()[1])
+    assert saved_steps(workdir) == list(range(1, cut)), left_behind(workdir)
+    assert assert_prefix_of(reference, workdir) == list(range(cut))  # the start's evaluation
+
+    *_, last = run_killed_at(workdir, "saved:1", **RCGRPO)
+    assert last == f"saved {cut}" and max(saved_steps(workdir)) == cut
+    assert assert_prefix_of(reference, workdir) == list(range(cut + 1))
+
+    events = run_killed_at(workdir, "sampled_eval:1", **RCGRPO)
+    assert events[-1] == f"sampled_eval {OVERRIDES['eval.samples']}"
+    assert max(saved_steps(workdir)) == STEPS - 1 and f"saved {STEPS}" not in events
+    assert assert_prefix_of(reference, workdir) == list(range(STEPS))
+
     run(workdir, **RCGRPO)
     assert_same_rl_run(reference, workdir)
 

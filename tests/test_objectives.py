@@ -15,8 +15,7 @@ from rcgrpo_jax.config import base_config
 from rcgrpo_jax.envs.reward_tokens import HIGH, LOW, NONE
 from rcgrpo_jax.rl import OBJECTIVES, Objective
 from rcgrpo_jax.rl.dynamic import fill_groups, padded_groups
-from rcgrpo_jax.rl.losses import objective_loss
-from rcgrpo_jax.stages.setup import objective_from_config
+from rcgrpo_jax.rl.losses import objective_from_config, objective_loss
 
 P, G, T = 3, 4, 12
 EPS = 1e-6

@@ -18,12 +18,12 @@ import jax
 import pytest
 from conftest import REPO
 
-from rcgrpo_jax import config_check, distributed, models
+from rcgrpo_jax import config_check, distributed, models, planning
 from rcgrpo_jax.config import base_config
 from rcgrpo_jax.errors import UserError
-from rcgrpo_jax.models import attention
-from rcgrpo_jax.tools import plan as planner
-from rcgrpo_jax.tools.chips import parse_topology
+from rcgrpo_jax.models import attention, flops
+from rcgrpo_jax.planning import parse_topology, programs
+from rcgrpo_jax.tools import plan as cli
 
 
 def _tiny(remat: str = "none", mesh=(1, -1, 1)):
@@ -35,30 +35,30 @@ def _tiny(remat: str = "none", mesh=(1, -1, 1)):
 
 
 def _train_row(config, shape):
-    (row,) = planner.plan(config, "v5e-8", shape, programs=("train",), devices=jax.devices()[:8])
+    (row,) = planning.plan(config, "v5e-8", shape, programs=("train",), devices=jax.devices()[:8])
     return row
 
 
 @pytest.fixture(scope="module")
 def base_row():
-    return _train_row(_tiny(), planner.Shape(prompts=1, group=8, seq=512))
+    return _train_row(_tiny(), planning.Shape(prompts=1, group=8, seq=512))
 
 
 def test_all_programs_compile_and_report(base_row, monkeypatch):
     """Also: the sampler programs hold every rollout row of an iteration (num_prompts x G, not
     one minibatch's P x G) and the cache the rollout allocates (T + one prefill chunk)."""
     states = []
-    abstract_state = planner.abstract_rollout_state
+    abstract_state = programs.abstract_rollout_state
 
     def spy(cfg, mesh, batch, capacity):
         states.append((batch, capacity))
         return abstract_state(cfg, mesh, batch, capacity)
 
-    monkeypatch.setattr(planner, "abstract_rollout_state", spy)
-    shape = planner.Shape(
+    monkeypatch.setattr(programs, "abstract_rollout_state", spy)
+    shape = planning.Shape(
         prompts=1, group=8, seq=64, prefill_chunk=32, decode_steps=4, minibatches=2
     )
-    rows = planner.plan(
+    rows = planning.plan(
         _tiny(mesh=(1, 4, 2)), "v5e-8", shape, programs=("decode",), devices=jax.devices()[:8]
     )
     assert states == [(16, 96)]  # 2 minibatches x 1 prompt x 8; 64 + 32 slots
@@ -70,28 +70,28 @@ def test_all_programs_compile_and_report(base_row, monkeypatch):
     assert rows[0]["mesh"] == "1x4x2" and base_row["mesh"] == "1x8x1"
     assert base_row["attention"] == base_row["attention_compiled"] == "flash"
     assert rows[0]["resident_gib"] > 0  # optimizer moments stay beside the sampler
-    table = planner.format_table(rows + [base_row])
+    table = cli.format_table(rows + [base_row])
     assert table.count("\n") == 3 and "| train |" in table
 
 
 def test_temp_memory_grows_with_batch(base_row):
-    big = _train_row(_tiny(), planner.Shape(prompts=4, group=8, seq=512))
+    big = _train_row(_tiny(), planning.Shape(prompts=4, group=8, seq=512))
     assert big["temp_gib"] > 1.5 * base_row["temp_gib"]
     assert big["total_gib"] > base_row["total_gib"]
 
 
 def test_full_remat_uses_less_temp_memory(base_row):
-    full = _train_row(_tiny("full"), planner.Shape(prompts=1, group=8, seq=512))
+    full = _train_row(_tiny("full"), planning.Shape(prompts=1, group=8, seq=512))
     assert full["temp_gib"] < base_row["temp_gib"]
     assert full["model_tflop"] == pytest.approx(base_row["model_tflop"])
     assert full["hw_tflop"] > base_row["hw_tflop"]  # the recomputed forward
 
 
 def test_flops_formula():
-    cfg = planner.model_config(_tiny()).replace(attention="dense")
-    shape = planner.Shape(prompts=2, group=4, seq=128)
-    model, hw = planner.train_flops(cfg, shape)
-    n = planner.matmul_params(cfg)
+    cfg = planning.model_config(_tiny()).replace(attention="dense")
+    shape = planning.Shape(prompts=2, group=4, seq=128)
+    model, hw = planning.train_flops(cfg, shape)
+    n = flops.matmul_params(cfg)
     tokens = 2 * 4 * 128
     attn = 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * 128 * tokens
     assert model == 6 * n * tokens + attn  # the full T x T, whatever the step skips
@@ -99,19 +99,19 @@ def test_flops_formula():
     assert blocks == 4 and hw == 6 * n * tokens + attn * 5 / 8  # (4 + 1) / (2 * 4) computed
     assert n < cfg.num_params() + cfg.hidden_size * cfg.vocab_size
     # flash at T = 2048: 4 blocks of 512, (4 + 1) / 8 of T x T, 3.5 passes (scores recomputed)
-    shape = planner.Shape(prompts=2, group=4, seq=2048)
-    model, hw = planner.train_flops(cfg.replace(attention="flash"), shape)
+    shape = planning.Shape(prompts=2, group=4, seq=2048)
+    model, hw = planning.train_flops(cfg.replace(attention="flash"), shape)
     tokens = 2 * 4 * 2048
     attn_fwd = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * 2048 * tokens
     assert model == 6 * n * tokens + 3 * attn_fwd
     assert hw == pytest.approx(6 * n * tokens + 3.5 * attn_fwd * 5 / 8)
     # splash (separate dkv and dq backward kernels: 2 + 4 + 3 matmuls): 4.5 passes; 4 blocks
-    _, hw = planner.train_flops(cfg, shape, "splash")
+    _, hw = planning.train_flops(cfg, shape, "splash")
     assert hw == pytest.approx(6 * n * tokens + 4.5 * attn_fwd * 5 / 8)
     # remat dots: dense's attention einsums are saved, flash's forward (a loop) is rerun
     dots = cfg.replace(remat="dots")
-    assert planner.train_flops(dots, shape)[1] == planner.train_flops(cfg, shape)[1]
-    _, hw = planner.train_flops(dots.replace(attention="flash"), shape)
+    assert planning.train_flops(dots, shape)[1] == planning.train_flops(cfg, shape)[1]
+    _, hw = planning.train_flops(dots.replace(attention="flash"), shape)
     assert hw == pytest.approx(6 * n * tokens + (3.5 + 1) * attn_fwd * 5 / 8)
 
 
@@ -124,7 +124,7 @@ def test_dots_remat_reruns_the_flash_forward():
     from rcgrpo_jax import models
 
     def loops(remat):
-        cfg = planner.model_config(_tiny()).replace(attention="flash", remat=remat, flash_block=64)
+        cfg = planning.model_config(_tiny()).replace(attention="flash", remat=remat, flash_block=64)
 
         def loss(p, tok):
             pos = jnp.broadcast_to(jnp.arange(tok.shape[1]), tok.shape)
@@ -143,15 +143,15 @@ def test_plans_what_the_config_runs():
     splash attention is compiled as flash, and the row says both."""
     c = base_config()
     c.rl.max_len, c.rl.num_prompts, c.rl.minibatches, c.rl.optim.grad_accum = 12288, 8, 2, 2
-    shape = planner.shape_from_config(c)
+    shape = planning.shape_from_config(c)
     assert (shape.seq, shape.prompts, shape.group, shape.grad_accum) == (12288, 4, 8, 2)
     assert (shape.minibatches, shape.sampler_rows, shape.cache) == (2, 64, 12288 + 128)
-    assert planner.shape_from_config(c, seq=4096, grad_accum=None).seq == 4096
+    assert planning.shape_from_config(c, seq=4096, grad_accum=None).seq == 4096
     c.model.hf_path = "/nonexistent/Qwen2.5-7B-Instruct"
-    cfg = planner.model_config(c)
+    cfg = planning.model_config(c)
     assert cfg.attention == "auto"
-    kinds = planner.planned_attention
-    assert kinds(cfg, 16384) == planner.PlannedAttention("splash", "flash", "flash")
+    kinds = planning.planned_attention
+    assert kinds(cfg, 16384) == planning.PlannedAttention("splash", "flash", "flash")
     assert kinds(cfg, 1024, 1024).sampler == "dense"  # cached attention under auto, short cache
     assert kinds(_tiny_cfg(), 512).train == "flash"  # head_dim 16
     dense = kinds(cfg.replace(attention="dense"), 16384)
@@ -159,7 +159,7 @@ def test_plans_what_the_config_runs():
 
 
 def _tiny_cfg():
-    return planner.model_config(_tiny())
+    return planning.model_config(_tiny())
 
 
 @pytest.mark.parametrize(
@@ -178,20 +178,20 @@ def test_bad_topology(bad):
 
 
 def test_mesh_shape_resolution():
-    assert planner.resolve_mesh_shape((1, -1, 2), 16) == (1, 8, 2)
+    assert planning.resolve_mesh_shape((1, -1, 2), 16) == (1, 8, 2)
     with pytest.raises(ValueError):
-        planner.resolve_mesh_shape((1, 3, -1), 16)
+        planning.resolve_mesh_shape((1, 3, -1), 16)
     with pytest.raises(ValueError):
-        planner.resolve_mesh_shape((1, 4, 2), 16)
+        planning.resolve_mesh_shape((1, 4, 2), 16)
 
 
 def test_paper_model_presets():
     c = base_config()
     c.model.hf_path = "/nonexistent/Qwen2.5-7B-Instruct"
-    qwen = planner.model_config(c)
+    qwen = planning.model_config(c)
     assert 7.5e9 < qwen.num_params() < 7.7e9 and qwen.qkv_bias
     c.model.hf_path = "/nonexistent/Llama-3.1-8B-Instruct"
-    llama = planner.model_config(c)
+    llama = planning.model_config(c)
     assert 8.0e9 < llama.num_params() < 8.1e9 and llama.rope_scaling is not None
 
 
@@ -202,21 +202,21 @@ def test_a_bf16_sampler_is_planned_without_the_cpus_f32_weight_copies():
     c = _tiny()
     c.model.dtype = "bfloat16"
     c.model.arch.update(hidden_size=256, intermediate_size=512, num_layers=4, vocab_size=2048)
-    shape = planner.Shape(prompts=1, group=8, seq=64, prefill_chunk=32, decode_steps=4)
-    (row,) = planner.plan(c, "v5e-8", shape, programs=("decode",), devices=jax.devices()[:8])
-    cfg = planner.model_config(c)
-    f32_weights = planner.matmul_params(cfg) * 4 / 2**30  # the mesh is (1, 8, 1): per device
+    shape = planning.Shape(prompts=1, group=8, seq=64, prefill_chunk=32, decode_steps=4)
+    (row,) = planning.plan(c, "v5e-8", shape, programs=("decode",), devices=jax.devices()[:8])
+    cfg = planning.model_config(c)
+    f32_weights = flops.matmul_params(cfg) * 4 / 2**30  # the mesh is (1, 8, 1): per device
     assert row["temp_estimated"] and row["temp_gib"] < f32_weights / 8
     mesh = models.make_mesh((1, 8, 1), jax.devices()[:8])
-    params = planner.sampler_weights(cfg, mesh, _abstract_state(cfg, mesh, shape), "tensor")[0]
-    raw = planner.compile_sampler(cfg, mesh, shape, "decode", params, 0)
-    assert planner.memory(raw)["temp"] / 2**30 > f32_weights  # every layer's f32 copy
+    params = programs.sampler_weights(cfg, mesh, _abstract_state(cfg, mesh, shape), "tensor")[0]
+    raw = programs.compile_sampler(cfg, mesh, shape, "decode", params, 0)
+    assert programs.memory(raw)["temp"] / 2**30 > f32_weights  # every layer's f32 copy
 
 
 def _abstract_state(cfg, mesh, shape):
     from rcgrpo_jax.rl.losses import Objective
 
-    return planner.train_setup(cfg, mesh, shape, Objective())[1]
+    return programs.train_setup(cfg, mesh, shape, Objective())[1]
 
 
 def _rows(train=2.0, decode=0.01, prefill=0.1, sampler_rows=32):
@@ -227,10 +227,10 @@ def _rows(train=2.0, decode=0.01, prefill=0.1, sampler_rows=32):
 
 
 def test_the_projected_iteration_counts_rounds_chunks_and_updates():
-    shape = planner.Shape(prompts=8, group=8, seq=16384, prefill_chunk=128)
-    work = planner.Workload(rows=64, rounds=10, prompt_tokens=4096, new_tokens=256, updates=2,
+    shape = planning.Shape(prompts=8, group=8, seq=16384, prefill_chunk=128)
+    work = cli.Workload(rows=64, rounds=10, prompt_tokens=4096, new_tokens=256, updates=2,
                             iterations=100)  # fmt: skip
-    it = planner.iteration(_rows(), shape, work)
+    it = cli.iteration(_rows(), shape, work)
     # 64 rows in chunks of 32; 4096 / 128 = 32 prompt calls + 9 later rounds; 10 x 256 steps
     assert (it["row_chunks"], it["prefill_calls"], it["decode_tokens"]) == (2, 41, 2560)
     assert it["prefill_s"] == pytest.approx(2 * 41 * 0.1)
@@ -240,20 +240,20 @@ def test_the_projected_iteration_counts_rounds_chunks_and_updates():
     assert it["run_h"] == pytest.approx(63.4 * 100 / 3600)
     assert it["bound"].startswith("decode (memory-bound)")
     # the decode budget stops at T: a trajectory holds at most T - prompt sampled tokens
-    long = planner.iteration(_rows(), dataclasses.replace(shape, seq=6144), work)
+    long = cli.iteration(_rows(), dataclasses.replace(shape, seq=6144), work)
     assert long["decode_tokens"] == 6144 - 4096
     with pytest.raises(ValueError, match="prefill"):
-        planner.iteration(_rows()[:2], shape, work)
-    assert "RL iteration (projected): 63 s" in planner.format_iteration(it)
+        cli.iteration(_rows()[:2], shape, work)
+    assert "RL iteration (projected): 63 s" in cli.format_iteration(it)
 
 
 def test_assistant_steps_of_golden_trajectories():
     bfcl = types.SimpleNamespace(ground_truth=[["a()"], [], ["b()", "c()"]], ground_truth_steps=())
-    assert planner.assistant_steps(bfcl) == 2 + 1 + 2  # a turn without calls: the reply only
+    assert cli.assistant_steps(bfcl) == 2 + 1 + 2  # a turn without calls: the reply only
     steps = types.SimpleNamespace(ground_truth=[["a()", "b()"]],
                                   ground_truth_steps=((("a()",), ("b()",)),))  # fmt: skip
-    assert planner.assistant_steps(steps) == 3
-    work = planner.workload_from_config(base_config(), prompt_tokens=512)
+    assert cli.assistant_steps(steps) == 3
+    work = cli.workload_from_config(base_config(), prompt_tokens=512)
     c = base_config().rl
     assert (work.rows, work.new_tokens, work.iterations) == (
         c.num_prompts * c.group_size,
@@ -279,9 +279,9 @@ def _fake_plan(fits):
 def test_auto_mesh_takes_the_first_configuration_that_fits():
     c = _tiny()
     c.model.arch.update(num_heads=8, num_kv_heads=4, head_dim=8)
-    shape = planner.Shape(prompts=8, group=8, grad_accum=2)
-    assert planner.mesh_candidates(16, 4) == [(1, 16, 1), (1, 8, 2), (1, 4, 4)]
-    assert planner.mesh_candidates(8, 8) == [(1, 8, 1), (1, 4, 2), (1, 2, 4), (1, 1, 8)]
+    shape = planning.Shape(prompts=8, group=8, grad_accum=2)
+    assert planning.mesh_candidates(16, 4) == [(1, 16, 1), (1, 8, 2), (1, 4, 4)]
+    assert planning.mesh_candidates(8, 8) == [(1, 8, 1), (1, 4, 2), (1, 2, 4), (1, 1, 8)]
 
     # the train step fits from tensor 2 with grad_accum 4; the sampler with 16 rows at a time
     def fits(mesh, ga, max_rows, program):
@@ -290,7 +290,7 @@ def test_auto_mesh_takes_the_first_configuration_that_fits():
         return 0 < max_rows <= 16
 
     plan_fn, calls = _fake_plan(fits)
-    choice = planner.choose(c, "v5e-16", shape, plan_fn=plan_fn)
+    choice = planning.choose(c, "v5e-16", shape, plan_fn=plan_fn)
     assert (choice.mesh, choice.grad_accum, choice.max_rows) == ((1, 8, 2), 4, 16)
     trains = [(m, ga) for m, ga, _, p in calls if p == ("train",)]
     assert trains == [((1, 16, 1), 2), ((1, 16, 1), 4), ((1, 16, 1), 8), ((1, 8, 2), 2),
@@ -304,15 +304,15 @@ def test_auto_mesh_takes_the_first_configuration_that_fits():
 
     plan_fn, _ = _fake_plan(lambda *a: False)
     with pytest.raises(UserError, match="no mesh of 16 v5e devices fits"):
-        planner.choose(c, "v5e-16", shape, plan_fn=plan_fn)
+        planning.choose(c, "v5e-16", shape, plan_fn=plan_fn)
 
 
 def test_auto_mesh_on_devices_without_a_memory_limit():
     c = _tiny(mesh=("auto",))
-    assert planner.is_auto(c.mesh.shape) and config_check.mesh_shape(("auto",)) is None
-    line = planner.resolve_auto(c)
+    assert planning.is_auto(c.mesh.shape) and config_check.mesh_shape(("auto",)) is None
+    line = planning.resolve_auto(c)
     assert tuple(c.mesh.shape) == (1, 8, 1) and "no memory limit" in line
-    assert planner.device_topology(jax.devices()) is None
+    assert planning.device_topology(jax.devices()) is None
 
 
 # ------------------------------------------------------------------ multi-host start-up rule
@@ -357,13 +357,13 @@ def test_the_planner_fits_qwen7b_on_v6e_16_at_reduced_depth_a_chunk_of_rows_at_a
     args = ["--config=configs/qwen7b.py", "--topology=v6e-16", "--layers=2",
             "--config.rl.max_rows=16", f"--json={out}"]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    env.pop(planner._DEVICES_ENV, None)
+    env.pop(cli._DEVICES_ENV, None)
     p = subprocess.run([sys.executable, "-m", "rcgrpo_jax.tools.plan", *args], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=600)  # fmt: skip
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     plan = json.loads(out.read_text())
     rows = {r["program"]: r for r in plan["rows"]}
-    assert set(rows) == set(planner.PROGRAMS) and all(r["fits"] for r in rows.values())
+    assert set(rows) == set(planning.PROGRAMS) and all(r["fits"] for r in rows.values())
     assert {r["T"] for r in rows.values()} == {16384} and rows["train"]["P"] * rows["train"][
         "G"
     ] == 64

@@ -11,7 +11,7 @@ from conftest import tiny_model_config
 from rcgrpo_jax import models, rl
 from rcgrpo_jax.envs.reward import RewardResult
 from rcgrpo_jax.rl.dynamic import padded_batch
-from rcgrpo_jax.rl.rollout import RolloutSettings, _pack
+from rcgrpo_jax.rl.rollout import RolloutSettings, Sampled, pack
 from rcgrpo_jax.rl.train_step import make_rl_step
 from rcgrpo_jax.sampling import Trajectory, length_bucket
 from rcgrpo_jax.train.optim import OptimConfig, make_optimizer
@@ -257,7 +257,9 @@ def test_step_draws_the_next_iterations_reward_tokens(params, stratified):
     mesh = models.make_mesh((8, 1, 1))
     state, optimizer, shardings = _state(params, mesh)
     draw = rl.TokenDraw(seed=3, num_groups=P, group_size=G, p_high=0.75, stratified=stratified)
-    step = make_rl_step(CFG, rl.Objective(), optimizer, tokens=draw, mesh=mesh, shardings=shardings)
+    step = make_rl_step(
+        CFG, rl.Objective(), optimizer, reward_token_draw=draw, mesh=mesh, shardings=shardings
+    )
     expected = lambda it: np.asarray(
         rl.sample_reward_tokens(jax.random.fold_in(jax.random.key(3), it), P, G, 0.75, stratified)
     )
@@ -268,20 +270,20 @@ def test_step_draws_the_next_iterations_reward_tokens(params, stratified):
         for seed in (2 * it, 2 * it + 1):  # two updates in the iteration
             batch, _ = make_batch(params, seed=seed)
             state, metrics = step(state, {**batch, "iteration": np.int32(it)})
-            drawn.append(np.asarray(metrics[rl.train_step.NEXT_TOKENS]))
+            drawn.append(np.asarray(metrics[rl.train_step.NEXT_REWARD_TOKENS]))
         np.testing.assert_array_equal(drawn[-2], drawn[-1])
         np.testing.assert_array_equal(drawn[-1], expected(it + 1))
     assert len({d.tobytes() for d in drawn}) == 3  # a new draw every iteration
     resumed, _, _ = _state(params, mesh)  # a restored run's step knows only the iteration
     _, metrics = step(resumed, {**make_batch(params, seed=9)[0], "iteration": np.int32(1)})
-    np.testing.assert_array_equal(np.asarray(metrics[rl.train_step.NEXT_TOKENS]), drawn[3])
+    np.testing.assert_array_equal(np.asarray(metrics[rl.train_step.NEXT_REWARD_TOKENS]), drawn[3])
     assert step.jitted._cache_size() == 1  # the iteration is data, not a new program
     with pytest.raises(ValueError, match="iteration"):
         step(state, make_batch(params)[0])
 
 
 class _FakeSession:
-    """What `rollout._pack` reads of a sampling Session: each row's whole trajectory."""
+    """What `rollout.pack` reads of a sampling Session: each row's whole trajectory."""
 
     def __init__(self, lengths, seed: int):
         rng = np.random.default_rng(seed)
@@ -313,11 +315,9 @@ def test_rl_rows_sized_to_content_one_program_per_bucket(params):
         lengths = np.minimum(lengths, settings.max_len)  # collect ends a row at max_len
         flat = [RewardResult(float(i % 2), True, True) for i in range(P * G)]
         fake = _FakeSession(lengths, seed)
-        ro = _pack(
-            [fake.trajectory(r) for r in range(P * G)], fake.prefill_tokens, [None] * (P * G),
-            np.zeros((P, G), np.int32), [False] * (P * G), settings, 1.0, 1, [0] * (P * G), flat,
-            [None] * (P * G),
-        )  # fmt: skip
+        trajs = [fake.trajectory(r) for r in range(P * G)]
+        sampled = Sampled(trajs, fake.prefill_tokens, [False] * (P * G), assistant_steps=1)
+        ro = pack(sampled, np.zeros((P, G), np.int32), flat, max_len=settings.max_len, rollout_s=1)
         t = ro.tokens.shape[-1]
         assert t == min(length_bucket(int(lengths.max())), settings.max_len) and t >= lengths.max()
         assert (ro.segments.sum(-1) == lengths.reshape(P, G)).all()
@@ -344,10 +344,16 @@ def test_arms_with_the_same_settings_compile_the_fused_step_once(params):
     for arm, draw in draws.items():  # what each arm's stage builds: its own optimizer object
         state, optimizer, shardings = _state(params, mesh)
         steps[arm] = make_rl_step(
-            CFG, rl.Objective(), optimizer, tokens=draw, mesh=mesh, shardings=shardings, key=optim
+            CFG,
+            rl.Objective(),
+            optimizer,
+            reward_token_draw=draw,
+            mesh=mesh,
+            shardings=shardings,
+            key=optim,
         )
         _, metrics = steps[arm](state, batch)
-        tokens[arm] = np.asarray(metrics[rl.train_step.NEXT_TOKENS])
+        tokens[arm] = np.asarray(metrics[rl.train_step.NEXT_REWARD_TOKENS])
     jitted = {id(s.jitted) for s in steps.values()}
     assert len(jitted) == 1 and steps["grpo"].jitted._cache_size() == 1
     assert compilation.programs("jit(step_fn)") - before == 1  # counted by JAX's own events
@@ -356,7 +362,7 @@ def test_arms_with_the_same_settings_compile_the_fused_step_once(params):
     np.testing.assert_array_equal(tokens["rcgrpo"], host)
     state, optimizer, shardings = _state(params, mesh)
     other = make_rl_step(
-        CFG, rl.Objective(), optimizer, tokens=draws["grpo"], mesh=mesh, shardings=shardings,
-        key=OptimConfig(lr=1e-3, total_steps=10),
+        CFG, rl.Objective(), optimizer, reward_token_draw=draws["grpo"], mesh=mesh,
+        shardings=shardings, key=OptimConfig(lr=1e-3, total_steps=10),
     )  # fmt: skip
     assert other.jitted is not steps["grpo"].jitted

@@ -17,7 +17,7 @@ from conftest import shipped_config, tiny_model_config
 
 from rcgrpo_jax import models, rl, sampling
 from rcgrpo_jax.envs.reward import RewardResult
-from rcgrpo_jax.rl.rollout import RolloutSettings, _pack
+from rcgrpo_jax.rl.rollout import Sampled, pack
 from rcgrpo_jax.rl.train_step import make_rl_step
 from rcgrpo_jax.train.optim import OptimConfig, make_optimizer
 from rcgrpo_jax.train.state import init_train_state, state_shardings
@@ -101,10 +101,8 @@ def session_batch(cfg, params, seed: int = 0) -> dict[str, np.ndarray]:
     n = P * G
     flat = [RewardResult(float(r % 3 == 0), True, True) for r in range(n)]
     trajs = [sess.trajectory(r) for r in range(n)]
-    ro = _pack(
-        trajs, sess.prefill_tokens, [None] * n, np.zeros((P, G), np.int32), [False] * n,
-        RolloutSettings(chat_format="python", max_len=64), 1.0, 2, [0] * n, flat, [None] * n,
-    )  # fmt: skip
+    sampled = Sampled(trajs, sess.prefill_tokens, [False] * n, assistant_steps=2)
+    ro = pack(sampled, np.zeros((P, G), np.int32), flat, max_len=64, rollout_s=1.0)
     return ro.batch()
 
 
@@ -145,17 +143,24 @@ def _demo_rl():
     return shipped_config("tiny").rl
 
 
+@pytest.fixture(scope="module")
+def peaked_policy():
+    """(prompts, rewarded half of the vocabulary, a policy peaked on it): built once for both
+    directions of the test below."""
+    prompts = np.random.default_rng(0).integers(0, CFG.vocab_size, (P, PROMPT)).astype(np.int32)
+    rewarded = (np.arange(CFG.vocab_size) % 2 == 0).astype(np.float32)
+    return prompts, rewarded, _peaked_params(prompts, rewarded)
+
+
 @pytest.mark.parametrize("flip", [False, True])
-def test_the_demo_recipe_moves_a_peaked_policy_toward_the_reward(flip):
+def test_the_demo_recipe_moves_a_peaked_policy_toward_the_reward(flip, peaked_policy):
     """The sign test again, at the demo's RL settings (its lr and warm-up, G, epochs x
     minibatches, clip), from a peaked policy as SFT leaves one: most groups all-correct, a few
     informative. The rewarded mass must rise; with the reward flipped (the policy's favourite
     half now scores 0) it must fall."""
     rl_cfg = _demo_rl()
     g, epochs, mbs, iters = int(rl_cfg.group_size), int(rl_cfg.epochs), int(rl_cfg.minibatches), 8
-    prompts = np.random.default_rng(0).integers(0, CFG.vocab_size, (P, PROMPT)).astype(np.int32)
-    rewarded = (np.arange(CFG.vocab_size) % 2 == 0).astype(np.float32)
-    peaked = _peaked_params(prompts, rewarded)
+    prompts, rewarded, peaked = peaked_policy
     assert 0.85 < _rewarded_mass(peaked, prompts, rewarded) < 0.97  # SFT-like, not saturated
     target = 1.0 - rewarded if flip else rewarded
     optim = rl_cfg.optim

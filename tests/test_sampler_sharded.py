@@ -76,12 +76,14 @@ def test_the_tensor_layout_copy_samples_the_tokens_of_the_training_weights(pair)
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def _stalled(params, gate: threading.Event):
+def _stalled(params, gate: threading.Event, waited_out: list):
     """`params` again, as the output of a program that waits on the host until `gate` is set:
-    every program that reads them queues behind it, however fast the host dispatches."""
+    every program that reads them queues behind it, however fast the host dispatches. A wait
+    that ends without the gate (60 s) is recorded in `waited_out`."""
 
     def wait() -> np.ndarray:
-        gate.wait(60)
+        if not gate.wait(60):
+            waited_out.append(True)
         return np.ones((), np.float32)
 
     def stall(p):
@@ -95,7 +97,11 @@ def test_a_long_prompt_is_prefilled_at_most_a_few_programs_ahead_of_the_device(m
     """A 40-chunk prompt on a 1x1x2 mesh (tensor axis 2): while the device is held up, the host
     dispatches at most MAX_PROGRAMS_AHEAD programs, then waits. Unpaced, it queued 31 chunks, up
     to XLA:CPU's limit per device, where with as many client threads as devices the next launch
-    and half of an all-reduce could wait on each other for ever (qwen7b's e2e on mesh (1, 1, 2))."""
+    and half of an all-reduce could wait on each other for ever (qwen7b's e2e on mesh (1, 1, 2)).
+
+    The device is released by whichever comes first: the host waiting for it (the pacing), or
+    the host dispatching one program more than allowed (which fails below). Neither depends on
+    how fast the host is."""
     cfg = tiny_model_config(qkv_bias=True)
     mesh = models.make_mesh((1, 1, 2))
     params = models.init_params(cfg, jax.random.key(0), mesh)
@@ -103,23 +109,31 @@ def test_a_long_prompt_is_prefilled_at_most_a_few_programs_ahead_of_the_device(m
     prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, 40 * 16).tolist()
     want = sampling.generate(cfg, params, [prompt], 2, mesh=mesh, buckets=buckets)  # compiles
 
-    gate = threading.Event()
-    stalled = _stalled(params, gate)
-    while_stalled = []
-    prefill = core.prefill
+    gate, waited_out = threading.Event(), []
+    stalled = _stalled(params, gate, waited_out)
+    while_stalled, opened_by = [], []
+    prefill, block = core.prefill, jax.block_until_ready
 
     def counted(*args, **kwargs):
         while_stalled.append(not gate.is_set())
+        if sum(while_stalled) > session.MAX_PROGRAMS_AHEAD and not gate.is_set():
+            opened_by.append("too far ahead")
+            gate.set()
         return prefill(*args, **kwargs)
 
+    def host_waits(x):
+        if not gate.is_set():
+            opened_by.append("host waited")
+            gate.set()
+        return block(x)
+
     monkeypatch.setattr(core, "prefill", counted)
-    timer = threading.Timer(3.0, gate.set)  # far longer than the host needs to dispatch 40 chunks
-    timer.start()
+    monkeypatch.setattr(jax, "block_until_ready", host_waits)
     try:
         got = sampling.generate(cfg, stalled, [prompt], 2, mesh=mesh, buckets=buckets)
     finally:
         gate.set()
-        timer.cancel()
     assert len(while_stalled) == 40 and while_stalled[0]
     assert sum(while_stalled) <= session.MAX_PROGRAMS_AHEAD
+    assert opened_by == ["host waited"] and not waited_out
     assert got.tokens == want.tokens

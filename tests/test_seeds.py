@@ -48,6 +48,7 @@ def _t(d: list[float]) -> float:
 def test_interval_is_the_student_t_half_width():
     got = seeds.interval([0.25, 0.5, 0.375, 0.625, 0.5])
     # by hand: mean 0.45, sum of squares 0.08125, sd = sqrt(0.08125 / 4), t(0.975, 4) = 2.7764
+    assert stats.t.ppf(0.975, 4) == pytest.approx(2.7764451, rel=1e-6)
     assert got["mean"] == pytest.approx(0.45) and got["n"] == 5
     assert got["ci95"] == pytest.approx(2.7764451 * np.sqrt(0.08125 / 4) / np.sqrt(5), rel=1e-6)
     assert seeds.interval([0.3]) == {"mean": 0.3, "ci95": 0.0, "n": 1}

@@ -23,8 +23,8 @@ from rcgrpo_jax import machine, models
 from rcgrpo_jax.rl.advantages import sample_reward_tokens
 from rcgrpo_jax.rl.arms import rl_arms
 from rcgrpo_jax.rl.curve import Curve
+from rcgrpo_jax.rl.draws import shuffled
 from rcgrpo_jax.stages import all as experiment
-from rcgrpo_jax.stages.rl import shuffled
 from rcgrpo_jax.train.metrics import read_jsonl
 
 # the arms and controls the run below asks for: every plain cell, dynamic SFT → GRPO, and the
@@ -329,14 +329,14 @@ def test_dynamic_sampling_trains_informative_groups_within_budget(tmp_path):
 
 
 def test_all_killed_in_a_middle_arm_resumes_exactly(run_all, tmp_path):
-    """Stage `all` killed (SIGKILL, at a random point) inside its middle RL arm, then run again:
-    summary, table and every RL arm's logs equal the uninterrupted run's. The stages before
-    that arm are copied from the uninterrupted run: they are what the killed run would have
-    written (the runs are deterministic), and it saves a minute."""
-    import random
+    """Stage `all` killed (SIGKILL) inside its middle RL arm, at that arm's final evaluation
+    (its iterations logged, no checkpoint after the start), then run again: summary, table and
+    every RL arm's logs equal the uninterrupted run's. The stages before that arm are copied
+    from the uninterrupted run: they are what the killed run would have written (the runs are
+    deterministic), and it saves a minute."""
     import shutil
 
-    from test_kill_resume import comparable, kill_seed, left_behind, lines, run_and_kill
+    from test_kill_resume import comparable, lines, run_killed_at
 
     config, _ = run_all
     ref, workdir = Path(config.workdir), tmp_path / "all"
@@ -346,13 +346,10 @@ def test_all_killed_in_a_middle_arm_resumes_exactly(run_all, tmp_path):
         ref, workdir, ignore=lambda d, names: later & set(names) if d == str(ref) else ()
     )
     arm = workdir / "rctp_rcgrpo"
-    # within the first half of what the reference arm took from its first logged iteration to
-    # its summary (with warm compilation caches that is well under a second)
-    first = read_jsonl(ref / "rctp_rcgrpo" / "metrics.jsonl")[0]["time"]
-    window = (ref / "rctp_rcgrpo" / "summary.json").stat().st_mtime - first
-    delay = random.Random(kill_seed()).uniform(0.0, 0.5 * window)
-    run_and_kill(workdir, lambda: lines(arm / "metrics.jsonl") >= 1, delay)
-    print(f"killed {delay:.2f} s after the middle arm's first iteration: {left_behind(arm)}")
+    # the arm's start evaluation is the first sampled one of this process, its end the second
+    events = run_killed_at(workdir, "sampled_eval:2")
+    assert events.count(f"sampled_eval {OVERRIDES['eval.samples']}") == 2, events
+    assert lines(arm / "metrics.jsonl") == 2  # the start and iteration 1 of 2
     assert not (arm / "summary.json").exists() and not (workdir / "rctp_grpo").exists()
     main(workdir)
     assert (workdir / "table.txt").read_text() == (ref / "table.txt").read_text()

@@ -26,6 +26,36 @@ def tasks() -> dict[str, list]:
     return {split: synthetic.make_tasks(split, N, seed=0) for split in synthetic.SPLITS}
 
 
+REFERENCES = {
+    "ground_truth": policies.ground_truth,
+    "empty": policies.empty,
+    "act_without_looking": synthetic.act_without_looking,
+}
+
+
+def play_references(entries, reward_token=None) -> dict[str, dict[str, object]]:
+    """{policy name: {task id: its finished episode}}: each task played once per reference."""
+    return {
+        name: {e.id: synthetic.play(e, policy, reward_token) for e in entries}
+        for name, policy in REFERENCES.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def plays(tasks):
+    """The module's train and test tasks, each played once under each reference policy."""
+    return play_references(tasks["train"] + tasks["test"])
+
+
+@pytest.fixture(scope="module")
+def conversations(tasks) -> list[list[dict]]:
+    """The first 20 tasks of each split under each reference policy, with the high reward
+    token: what the tokenizer tests render."""
+    entries = tasks["train"][:20] + tasks["test"][:20]
+    played = play_references(entries, reward_token=1)
+    return [played[name][e.id].messages for e in entries for name in REFERENCES]
+
+
 @pytest.fixture(scope="module")
 def tok(tasks, tmp_path_factory):
     return tiny_tokenizer.load_or_train(
@@ -135,25 +165,21 @@ def test_difficulty_knobs():
         synthetic.make_tasks("valid", 1)
 
 
-def test_reference_policies_through_episode(tasks):
-    for entry in tasks["train"] + tasks["test"]:
-        truth = synthetic.play(entry, policies.ground_truth)
+def check_reference_plays(entries, plays) -> None:
+    """Per task, from one play under each reference policy: the ground truth succeeds, looking
+    before it acts; no calls, or acting on the right names without the look-ups, fail. And
+    acting needs what was observed: every argument was shown to the agent before (instruction,
+    prompt or a tool result), and every task has an argument that only a tool result showed."""
+    for entry in entries:
+        truth = plays["ground_truth"][entry.id]
         assert truth.result().reward == 1.0, entry.id
         # golden trajectories look, then act: more than one assistant call step per turn 1
         assert len(truth.decoded[0]) == len(entry.ground_truth_steps[0]) >= 2
-        assert synthetic.play(entry, policies.empty).result().reward == 0.0
-        # Acting on the right names without the look-ups fails too.
-        blind = synthetic.play(entry, synthetic.act_without_looking).result()
+        assert plays["empty"][entry.id].result().reward == 0.0
+        blind = plays["act_without_looking"][entry.id].result()
         assert blind.reward == 0.0 and blind.error_type in (RESPONSE_MISMATCH, STATE_MISMATCH)
-
-
-def test_acting_needs_what_was_observed(tasks):
-    """Every argument was shown to the agent before (instruction, prompt or a tool result),
-    and every task has an argument that only a tool result showed: it must look first."""
-    for entry in tasks["train"] + tasks["test"]:
-        messages = synthetic.play(entry, policies.ground_truth).messages
         told, observed, needs_looking = "", "", 0
-        for m in messages:
+        for m in truth.messages:
             if m["role"] in ("system", "user"):
                 told += m["content"]
             elif m["role"] == "tool":
@@ -171,16 +197,20 @@ def test_acting_needs_what_was_observed(tasks):
         assert not any(t and t in entry.question[0][0]["content"] for t in targets), entry.id
 
 
+def test_reference_policies_and_what_acting_needs(tasks, plays):
+    check_reference_plays(tasks["train"] + tasks["test"], plays)
+
+
 def test_top_file_templates_put_the_name_last_in_the_listing():
     """The fixed-offset templates (rename_top, copy_top, count_top) obey the same rules as the
     others, and the file acted on is the last item `ls` lists, so the call that copies it
     follows it at the same token distance in every task."""
     kw = dict(templates=("rename_top", "copy_top", "count_top"), turns=(1, 1))
-    top = {s: synthetic.make_tasks(s, 6, seed=3, **kw) for s in ("train", "test")}
-    test_reference_policies_through_episode(top)
-    test_acting_needs_what_was_observed(top)
-    for entry in top["train"] + top["test"]:
-        messages = synthetic.play(entry, policies.ground_truth).messages
+    top = [e for s in ("train", "test") for e in synthetic.make_tasks(s, 6, seed=3, **kw)]
+    plays = play_references(top)
+    check_reference_plays(top, plays)
+    for entry in top:
+        messages = plays["ground_truth"][entry.id].messages
         listing = next(m["content"] for m in messages if m["role"] == "tool")
         act = [m["content"] for m in messages if m["role"] == "assistant"][1]
         (call,) = extract_calls(act, "python")
@@ -218,8 +248,8 @@ def test_name_roles_draw_each_role_from_its_own_syllables():
     kw = dict(templates=DEMO_TEMPLATES, turns=(1, 1), name_roles=True, depth=1, distractors=1)
     made = {s: synthetic.make_tasks(s, 20, seed=2, **kw) for s in synthetic.SPLITS}
     checked = 0
-    test_reference_policies_through_episode(made)
-    test_acting_needs_what_was_observed(made)
+    plays = play_references([e for entries in made.values() for e in entries])
+    check_reference_plays([e for entries in made.values() for e in entries], plays)
     for split, entries in made.items():
         for e in entries:
             (root,) = e.initial_config["GorillaFileSystem"]["root"].values()
@@ -231,7 +261,7 @@ def test_name_roles_draw_each_role_from_its_own_syllables():
                 for name in re.findall(r"[a-z]{4}", value):  # names; contents are no role's
                     assert role_of(name) is None or synthetic.name_split(name) == split
             if act.startswith(("mv", "cp", "wc")) and "top" in e.question[0][0]["content"]:
-                messages = synthetic.play(e, policies.ground_truth).messages
+                messages = plays["ground_truth"][e.id].messages
                 seen = " ".join(str(m["content"]) for m in messages[:-3])  # before the act
                 for value in parse_call(act).kwargs.values():
                     stem = value.split(".")[0]
@@ -248,15 +278,8 @@ def test_name_roles_draw_each_role_from_its_own_syllables():
 # Tokenizer
 
 
-def conversations(tasks):
-    for split in ("train", "test"):
-        for entry in tasks[split][:20]:
-            for policy in (policies.ground_truth, policies.empty, synthetic.act_without_looking):
-                yield synthetic.play(entry, policy, reward_token=1).messages
-
-
-def test_tokenizer_round_trips_exactly(tok, tasks):
-    for messages in conversations(tasks):
+def test_tokenizer_round_trips_exactly(tok, conversations):
+    for messages in conversations:
         text = prompts.render_text(tok, messages)
         ids = tok.encode(text, add_special_tokens=False)
         assert tok.decode(ids, skip_special_tokens=False) == text
@@ -281,32 +304,32 @@ def test_special_tokens_are_single_ids(tok):
     assert reward_ids[0] in tok.encode(text, add_special_tokens=False)
 
 
-def test_syllables_are_not_in_the_fixed_text(tasks):
+def test_syllables_are_not_in_the_fixed_text(tasks, plays):
     """Name syllables occur only inside names: the prompt, docs and templates stay whole."""
     for split in ("train", "test"):
         for entry in tasks[split]:
             names = re.compile(r"\b(" + "|".join(sorted(names_in(entry))) + r")\b")
-            for policy in (policies.ground_truth, policies.empty, synthetic.act_without_looking):
-                text = tiny_tokenizer.render(synthetic.play(entry, policy).messages)
+            for played in plays.values():
+                text = tiny_tokenizer.render(played[entry.id].messages)
                 fixed = names.sub("#", text)
                 assert not [s for s in synthetic.SYLLABLES if s in fixed], entry.id
 
 
-def test_names_are_syllable_ids_in_every_context(tok, tasks):
+def test_names_are_syllable_ids_in_every_context(tok, conversations):
     """A name is the same two ids in an instruction, a tool result, a file's text or a call."""
     ids = {s: tok.encode(s, add_special_tokens=False) for s in synthetic.SYLLABLES}
     assert all(len(v) == 1 for v in ids.values()) and len({v[0] for v in ids.values()}) == len(ids)
     by_id = {v[0]: s for s, v in ids.items()}
     pattern = re.compile("|".join(synthetic.SYLLABLES))
-    for messages in conversations(tasks):
+    for messages in conversations:
         text = prompts.render_text(tok, messages)
         got = [by_id[i] for i in tok.encode(text, add_special_tokens=False) if i in by_id]
         assert got == pattern.findall(text)
 
 
-def test_loss_mask_is_exactly_the_assistant_spans(tok, tasks):
+def test_loss_mask_is_exactly_the_assistant_spans(tok, conversations):
     eot = tiny_tokenizer.END_OF_TURN
-    for messages in list(conversations(tasks))[::7]:
+    for messages in conversations[::7]:
         ids, mask = prompts.render_with_mask(tok, messages)
         text = prompts.render_text(tok, messages)
         assert ids == tok.encode(text, add_special_tokens=False)
@@ -323,10 +346,10 @@ def test_loss_mask_is_exactly_the_assistant_spans(tok, tasks):
         assert low_mask == mask and sum(a != b for a, b in zip(ids, low_ids, strict=True)) == 1
 
 
-def test_conversations_fit_the_token_budget(tok, tasks):
+def test_conversations_fit_the_token_budget(tok, tasks, plays):
     lengths = {
         split: sorted(
-            len(prompts.render_with_mask(tok, synthetic.play(e, policies.ground_truth).messages)[0])
+            len(prompts.render_with_mask(tok, plays["ground_truth"][e.id].messages)[0])
             for e in tasks[split]
         )
         for split in tasks
@@ -339,7 +362,7 @@ def test_conversations_fit_the_token_budget(tok, tasks):
     assert statistics.median(lengths["test"]) <= 1.3 * statistics.median(lengths["train"])
 
 
-def test_tokenizer_saved_with_a_qwen2_export_loads_as_saved(tok, tasks, tmp_path):
+def test_tokenizer_saved_with_a_qwen2_export_loads_as_saved(tok, conversations, tmp_path):
     """A stage's export holds the tokenizer beside a qwen2 config.json; AutoTokenizer alone
     would rebuild it as Qwen2Tokenizer (another pre-tokenizer), so RL arms read other ids."""
     import ml_collections
@@ -352,17 +375,17 @@ def test_tokenizer_saved_with_a_qwen2_export_loads_as_saved(tok, tasks, tmp_path
         {"tokenizer_path": "", "model": {"hf_path": ""}, "env": {"benchmark": "synthetic"}}
     )
     loaded = setup.tokenizer_from_config(c, str(tmp_path))
-    text = prompts.render_text(tok, next(conversations(tasks)))
+    text = prompts.render_text(tok, conversations[0])
     assert loaded.encode(text, add_special_tokens=False) == tok.encode(
         text, add_special_tokens=False
     )
 
 
-def test_tokenizer_is_cached_and_deterministic(tok, tasks, tmp_path):
+def test_tokenizer_is_cached_and_deterministic(tok, tasks, conversations, tmp_path):
     first = tiny_tokenizer.load_or_train(tmp_path, tasks["train"], vocab_size=VOCAB)
     saved = (tmp_path / tiny_tokenizer.SUBDIR / "tokenizer.json").read_bytes()
     again = tiny_tokenizer.load_or_train(tmp_path, [], vocab_size=VOCAB)  # no tasks: must load
-    text = prompts.render_text(first, next(conversations(tasks)))
+    text = prompts.render_text(first, conversations[0])
     assert again.encode(text) == first.encode(text) == tok.encode(text)  # same as the fixture's
     assert again.get_vocab() == tok.get_vocab()
     assert (tmp_path / tiny_tokenizer.SUBDIR / "tokenizer.json").read_bytes() == saved
@@ -420,7 +443,8 @@ def test_rl_split_tasks_use_only_their_own_names(rl_env, tasks):
             names = names_in(e)
             assert len(names) >= 8
             assert {synthetic.name_split(n, rl_split=True) for n in names} == {split}, e.id
-    test_reference_policies_through_episode(made)
+    entries = [e for split in synthetic.SPLITS3 for e in made[split]]
+    check_reference_plays(entries, play_references(entries))
     # The held-out tasks are today's; train tasks are new (they lose the rl names).
     assert fingerprint(made["test"]) == fingerprint(tasks["test"][:8])
     assert fingerprint(made["train"]) != fingerprint(tasks["train"][:8])

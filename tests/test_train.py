@@ -276,11 +276,12 @@ class _WeightedIter:
 
 
 def test_train_loop_writes_metrics_and_resumes(tmp_path: Path, setup_124, host_params):
+    from rcgrpo_jax.models import flops
     from rcgrpo_jax.train import loop, metrics
 
     s = setup_124
     target = st.abstract_train_state(s.opt, models.param_shapes(CFG), s.shardings)
-    fpt = metrics.flops_per_token(CFG, ROW)
+    fpt = flops.flops_per_token(CFG, ROW)
 
     def run(num_steps):
         it = _WeightedIter(iter(_loader()))

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from rcgrpo_jax import models
+from rcgrpo_jax.models import flops
 from rcgrpo_jax.train import metrics, plots
 
 
@@ -46,10 +47,16 @@ def test_flops_and_mfu():
         num_kv_heads=2,
         head_dim=4,
     )
-    n_matmul = cfg.num_params() - 100 * 16  # the input embedding lookup is no matmul
-    assert metrics.flops_per_token(cfg, 8) == 6 * n_matmul + 12 * 2 * 4 * 4 * 8
+    # matmul weights: per layer q, o (16 x 4 heads x 4), k, v (16 x 2 x 4), gate, up, down
+    # (16 x 32); then the LM head, tied or not. The embedding lookup (a gather), the norms'
+    # scales and any bias are no matmul.
+    n_matmul = 2 * (2 * 16 * 16 + 2 * 16 * 8 + 3 * 16 * 32) + 16 * 100
+    norms = (2 * 2 + 1) * 16
+    assert n_matmul == cfg.num_params() - 100 * 16 - norms
+    assert flops.flops_per_token(cfg, 8) == 6 * n_matmul + 12 * 2 * 4 * 4 * 8
     tied = cfg.replace(tie_embeddings=True)
-    assert metrics.flops_per_token(tied, 8) == 6 * tied.num_params() + 12 * 2 * 4 * 4 * 8
+    assert flops.flops_per_token(tied, 8) == 6 * n_matmul + 12 * 2 * 4 * 4 * 8
+    assert flops.flops_per_token(cfg, 8, training=False) == 2 * n_matmul + 4 * 2 * 4 * 4 * 8
     assert metrics.mfu(1000.0, 1e6, 1e10) == pytest.approx(0.1)
 
 

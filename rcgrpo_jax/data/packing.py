@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rcgrpo_jax.sampling.session import length_bucket
+from rcgrpo_jax.shapes import length_bucket
 
 
 def bucket_length(n: int, buckets: Sequence[int]) -> int:

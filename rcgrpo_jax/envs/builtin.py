@@ -62,7 +62,7 @@ class SyntheticEnvironment(_EntryEnvironment):
 
     `num_rl > 0`: a third split "rl" of that many tasks, on names of neither "train" nor "test"
     (`synthetic.NAMES3`); "train" then excludes those names, "test" is unchanged. 0: no "rl"
-    split, everything as before."""
+    split, "train" keeps those names."""
 
     categories = (synthetic.CATEGORY,)
     title = "synthetic file-system tasks"

@@ -24,7 +24,11 @@ With `rl_split=True` there is a third split, "rl" (`RL_SPLIT`), so RL can train 
 names the stage-1 policy never saw and that are still disjoint from the held-out ones: a second
 1-in-5 class of names (`NAMES3`, `ROLE_NAMES3`) is taken out of "train" and given to "rl".
 "test" keeps its names and RNG stream, so the held-out tasks are the same either way; without
-`rl_split` everything is as before (only "train" and "test", the same tasks).
+`rl_split` there are only "train" and "test".
+
+One module, long because it is a catalogue: the task templates (main, follow-up and the tiny
+base's pretraining chores) share the name-taking and file-system helpers above them, and a
+template reads best next to its siblings.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ SYLLABLES = tuple(
 RL_SPLIT = "rl"
 SPLITS3 = (*SPLITS, RL_SPLIT)  # the splits with `rl_split=True`
 # Name classes: (i + 3j) % 5 of the syllable indices. Class 0 is held out ("test") always;
-# class 1 is "rl" only with `rl_split=True` (else "train", as before).
+# class 1 is "rl" with `rl_split=True`, else "train".
 _SPLIT_CLASS = {0: "test", 1: RL_SPLIT}
 
 
@@ -617,8 +621,9 @@ def touch_top(ctx: _Ctx) -> Turn | None:
     return ctx.rng.choice(texts), [_look_top(ctx), [_call("touch", file_name=new)]]
 
 
-# The demo task family the chores are designed for (not yet the default demo: see
-# docs/experiments/tiny_default.md).
+# The task family the chores are designed for, on which `tools/pretrain_tiny` measures a base;
+# not the default demo's (`configs/tiny.py`; docs/experiments/tiny_default.md, "A shipped base
+# instead of a from-scratch model").
 BASE_DEMO_TEMPLATES = ("copy_into_first", "copy_into_second", "move_into_second")
 PRETRAIN_TEMPLATES = (
     "delete_top", "show_top", "stash_top", "backup_top", "folder_in_second", "touch_top",

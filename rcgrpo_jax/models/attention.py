@@ -24,6 +24,9 @@ cannot express a per-row offset, so `splash`/`cudnn` models attend there with `f
 Layouts are those of the KV cache: q [B, T, H, D], keys transposed [B, KV, D, S], values
 [B, KV, S, D]; grouped-query heads are handled by reshaping q to [B, KV, G, T, D], never by
 repeating keys or values.
+
+One module, long because the kinds share the masking rule, the block bookkeeping and the
+cache layouts: each kind's forward and backward stay next to the rule they must agree on.
 """
 
 from __future__ import annotations
@@ -297,8 +300,8 @@ def attend(
 
     Both dots are plain [.., M, K] @ [.., K, N] products: scores come out [B, KV, G, T, S], so
     neither the softmax nor the second dot relayouts the one large tensor, and a KV cache kept
-    in these layouts is read as it lies (on CPU, contracting keys stored [S, D] cost 8x more
-    per decode step at 1.5k slots than keys stored [D, S]).
+    in these layouts is read as it lies (on CPU the score dot over keys stored [S, D] is several
+    times slower per decode step than over keys stored [D, S]: docs/benchmarks.md, "Measured").
     """
     d = q.shape[-1]
     qg = _grouped(q, keys_t.shape[1])
@@ -323,7 +326,7 @@ def attend_causal(
     forward): the queries go in `causal_blocks` blocks, each against the keys up to its own last
     slot only. The skipped blocks are ones the causal mask discards whole, so every query that
     sees a key gets `attend`'s math (fully masked padding queries average fewer values; nothing
-    reads them). On CPU the suite's train step gets ~14% faster (README "Benchmarks")."""
+    reads them). What it saves on the CPU train step: docs/benchmarks.md, "Causal blocks"."""
     t = q.shape[1]
     n = causal_blocks(t)
     size = -(-t // n)
@@ -565,8 +568,8 @@ def _splash_kernel(heads: int, t: int, interpret: bool):
     forward passes per step, `ATTENTION_PASSES`). jax 0.10.2's fused kernel does take segment
     ids, but it writes dq unreduced, one [heads, T, D] slice per key block (T / block of them,
     in the input dtype) and sums them after: at T = 16384 that is 32 x the dq of a layer in
-    memory, each partial rounded to bf16 before the sum. Neither path has run on a TPU here, so
-    the library's default two-kernel backward, which keeps dq O(T), stays."""
+    memory, each partial rounded to bf16 before the sum. Until the two are compared on a TPU,
+    the library's default two-kernel backward, which keeps dq O(T), is the one used."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 

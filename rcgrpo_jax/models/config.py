@@ -18,7 +18,7 @@ ATTENTION_KINDS = ("auto", "dense", "flash", "splash", "cudnn")  # see models/at
 #     fsdp), made once per rollout. Each decode step reads local weights; the cost is the copy.
 #   "train": the training state's own weights. Under FSDP, XLA gathers every layer's weights in
 #     the parameter dtype before the decode loop (they are loop-invariant), so the sampler holds
-#     them whole anyway, in f32 (qwen7b on v6e-16: 26.6 GiB of temporaries, tools.plan).
+#     them whole anyway, in f32 (the planner's figures: docs/benchmarks.md, "TPU slices, planned").
 SAMPLER_WEIGHTS = ("tensor", "train")
 
 

@@ -78,10 +78,11 @@ def dense(x: jax.Array, w: jax.Array, k: int = 1, out_dtype=None) -> jax.Array:
 
     The custom VJP only orders the weight gradient. dW contracts the token axes of X and dY, and
     XLA:CPU feeds its GEMM by first copying one of the two transposed; autodiff always picks
-    dY, the [tokens, intermediate] one for the MLP's up/gate projections (~45% of a CPU train
-    step once). Here the smaller of X and dY is the one transposed: dW = dot(X, dY), or for a
-    wide input (the down projection) dW = dot(dY, X)^T, whose final transpose is weight-sized.
-    Same math, same dtypes as autodiff's.
+    dY, the [tokens, intermediate] one for the MLP's up/gate projections, the largest copies of
+    a CPU train step (docs/benchmarks.md, "Benchmark suite runs"). Here the smaller of X and dY
+    is the one transposed: dW = dot(X, dY), or for a wide input (the down projection)
+    dW = dot(dY, X)^T, whose final transpose is weight-sized. Same math, same dtypes as
+    autodiff's.
     """
     return _dense_fwd(x, w, k, out_dtype)[0]
 
@@ -181,7 +182,7 @@ def layer_weights(cfg: ModelConfig, p: Params) -> Params:
     """One layer's weights as its matmuls read them: in the compute dtype (norm scales as
     stored), gathered over the batch mesh axes, i.e. FSDP's all-gather made explicit. Sharding
     propagation gives the cast the gathered layout, so the gather moves parameter-dtype bytes
-    (f32 all-gathers in the partitioned HLO of tools.plan's train and decode programs).
+    (f32 all-gathers in the partitioned HLO of the planner's train and decode programs).
 
     Left to the partitioner, XLA 0.10.2 mis-partitions a projection whose weight splits its
     output dimension over "fsdp" (wo, w_down: [.., "tensor", "fsdp"]) when the result is wanted

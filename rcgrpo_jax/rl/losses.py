@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
 from rcgrpo_jax import models
 from rcgrpo_jax.envs.reward_tokens import HIGH, LOW, NONE
@@ -212,3 +213,18 @@ def summarize(metrics: Mapping[str, Any]) -> dict[str, float]:
         reward_low=div("reward_low_sum", "low_sum"),
     )
     return out
+
+
+def objective_from_config(rl: ml_collections.ConfigDict) -> Objective:
+    """The `Objective` that `rl.objective` names, with its parameters from `rl.*`:
+    gspo clips its sequence ratio to its own (much narrower) range, dr_grpo divides by
+    sequences x rl.max_len (the fixed budget of a trajectory)."""
+    gspo = rl.objective == "gspo"
+    return Objective(
+        name=rl.objective,
+        clip_low=float(rl.gspo_clip_low if gspo else rl.clip_low),
+        clip_high=float(rl.gspo_clip_high if gspo else rl.clip_high),
+        kl_beta=float(rl.kl_beta),
+        aggregation=rl.aggregation,
+        norm_length=int(rl.max_len),
+    )

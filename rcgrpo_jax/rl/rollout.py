@@ -21,6 +21,7 @@ row, which then ends, scores 0 (`reward.ENV_ERROR`) and is named in `Rollouts.er
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import logging
 import time
@@ -36,7 +37,7 @@ from rcgrpo_jax.envs.executor import CALL_TIMEOUT_S
 from rcgrpo_jax.envs.reward import ENV_ERROR, RewardResult
 from rcgrpo_jax.envs.reward_tokens import NONE
 from rcgrpo_jax.models import ModelConfig, Params
-from rcgrpo_jax.sampling import Session, cache_capacity, length_bucket
+from rcgrpo_jax.sampling import Session, Trajectory, cache_capacity, length_bucket
 
 log = logging.getLogger(__name__)
 
@@ -154,20 +155,36 @@ def collect(
     rows = _Rows(start, set(failed_at_start), episodes, errors, owner, entries, g, stops, eot)
     params = models.sampler_params(cfg, params, settings.sampler_weights)  # once for all chunks
     chunk = settings.max_rows or n
-    trajs, prefill, truncated, assistant_steps = [], [], [], 0
+    sampled = Sampled()
     for lo in range(0, n, chunk):  # each chunk of rows with its own cache, released after it
         part = range(lo, min(lo + chunk, n))
-        t, pf, tr, steps = _sample(cfg, params, tokenizer, rows, part, settings, seed, mesh)
-        trajs += t
-        prefill += pf
-        truncated += tr
-        assistant_steps += steps
+        sampled += _sample(cfg, params, tokenizer, rows, part, settings, seed, mesh)
     rollout_s = time.perf_counter() - t0
     results, errors = _row_results(episodes, errors, mine, entries, g)
-    return _pack(
-        trajs, prefill, episodes, reward_tokens, truncated, settings, rollout_s,
-        assistant_steps, owner, results, errors,
+    return pack(
+        sampled, reward_tokens, results, max_len=settings.max_len, rollout_s=rollout_s,
+        episodes=episodes, owner=owner, errors=errors,
     )  # fmt: skip
+
+
+@dataclasses.dataclass
+class Sampled:
+    """What the sampler made of some rows, in row order: their trajectories, the tokens
+    prefilled, whether each was cut at `max_len`, and the assistant steps decoded."""
+
+    trajectories: list[Trajectory] = dataclasses.field(default_factory=list)
+    prefill_tokens: list[int] = dataclasses.field(default_factory=list)
+    truncated: list[bool] = dataclasses.field(default_factory=list)
+    assistant_steps: int = 0
+
+    def __add__(self, other: Sampled) -> Sampled:
+        """The rows of `self` followed by those of `other`."""
+        return Sampled(
+            self.trajectories + other.trajectories,
+            self.prefill_tokens + other.prefill_tokens,
+            self.truncated + other.truncated,
+            self.assistant_steps + other.assistant_steps,
+        )
 
 
 @dataclasses.dataclass
@@ -188,10 +205,9 @@ class _Rows:
 
 def _sample(
     cfg, params, tokenizer, rows: _Rows, part: range, settings: RolloutSettings, seed, mesh
-) -> tuple[list[Any], list[int], list[bool], int]:
+) -> Sampled:
     """Rows `part` (global ids) to the end of their trajectories in one `Session` whose row r
-    is global row part.start + r (so each draws its own random stream, whatever the chunking).
-    Returns their trajectories, prefilled tokens, truncation flags and assistant steps."""
+    is global row part.start + r (so each draws its own random stream, whatever the chunking)."""
     lo = part.start
     # Trajectories end below max_len (checked above), but a padded prefill chunk may write past a
     # row's last real token: the cache gets that much headroom (CapacityError otherwise).
@@ -221,8 +237,12 @@ def _sample(
         out = session.decode_turn({i: budget[i] for i in live}, rows.stops)  # on every process
         for i in live:
             length[i] += len(out.tokens[i])
+            # a message max_len cut short (not the per-message cap): the trajectory is cut
+            # there, whether or not the episode goes on
+            cut = budget[i] < settings.max_new_tokens and len(out.tokens[i]) >= budget[i]
+            truncated[i] = truncated[i] or (cut and not out.stopped[i])
         assistant_steps += len(live)
-        # The environment steps this process's rows; each reports [status, *tokens to append].
+        # The environment steps this process's rows; each reports what became of its row.
         reports = []
         for i in live:
             r = lo + i
@@ -233,26 +253,47 @@ def _sample(
                 rows.eot, settings,
             )  # fmt: skip
             entry = rows.entries[r // rows.g]
-            reports.append(_guarded(rows.errors, r, entry, advance) or [_FAILED])
-        gathered = distributed.allgather_rows(reports)
+            reports.append(_guarded(rows.errors, r, entry, advance) or _Report(Outcome.FAILED))
+        gathered = distributed.allgather_rows([x.to_row() for x in reports])
         by_process = [iter(p) for p in gathered]
         done, appends = [], {}
         for i in live:  # every process lists its rows in this same order
-            status, *more = next(by_process[rows.owner[lo + i]])
-            if status == _APPEND:
-                appends[i] = more
-                length[i] += len(more)
+            report = _Report.from_row(next(by_process[rows.owner[lo + i]]))
+            if report.outcome == Outcome.APPEND:
+                appends[i] = report.append
+                length[i] += len(report.append)
                 continue
-            truncated[i] = truncated[i] or status == _TRUNCATED
-            done.append(i)  # _DONE, _TRUNCATED, _FAILED
+            truncated[i] = truncated[i] or report.outcome == Outcome.TRUNCATED
+            done.append(i)
         session.finish(done)
         session.append(appends)
     trajs = [session.trajectory(i) for i in range(len(part))]  # copies: fetch each once
-    return trajs, session.prefill_tokens, truncated, assistant_steps
+    return Sampled(trajs, session.prefill_tokens, truncated, assistant_steps)
 
 
-# per-row environment outcomes of one assistant step
-_APPEND, _DONE, _TRUNCATED, _FAILED = 0, 1, 2, 3
+class Outcome(enum.IntEnum):
+    """What became of a row after one assistant step and its environment step."""
+
+    APPEND = 0  # the conversation goes on: tokens to append to the row's cache
+    DONE = 1  # the episode ended
+    TRUNCATED = 2  # the next tokens would not fit max_len: ended there
+    FAILED = 3  # the environment raised: ended, scored 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Report:
+    """One row's `Outcome` and, for APPEND, the tokens to append; travels between processes as
+    one int row [outcome, *append] (`distributed.allgather_rows`)."""
+
+    outcome: Outcome
+    append: list[int] = dataclasses.field(default_factory=list)
+
+    def to_row(self) -> list[int]:
+        return [int(self.outcome), *self.append]
+
+    @classmethod
+    def from_row(cls, row: Sequence[int]) -> _Report:
+        return cls(Outcome(row[0]), list(row[1:]))
 
 
 def _open(env, entry, token, settings, tokenizer) -> tuple[Episode, list[int]]:
@@ -265,19 +306,19 @@ def _open(env, entry, token, settings, tokenizer) -> tuple[Episode, list[int]]:
     return episode, prompts.prompt_ids(tokenizer, episode.messages, episode.tools)
 
 
-def _advance(episode, tokenizer, toks, stopped, length, eot, settings) -> list[int]:
-    """One environment step of a row after its assistant step: [status, *tokens to append]."""
+def _advance(episode, tokenizer, toks, stopped, length, eot, settings) -> _Report:
+    """One environment step of a row after its assistant step."""
     text_ids = toks[:-1] if stopped else toks
     step = episode.step(tokenizer.decode(text_ids, skip_special_tokens=False))
     if step.done:
-        return [_DONE]
+        return _Report(Outcome.DONE)
     # an unfinished message is closed by the template: the model did not sample that
     more = ([] if stopped else [eot]) + prompts.continuation_ids(
         tokenizer, episode.messages, episode.tools
     )
     if length + len(more) + 2 >= settings.max_len:
-        return [_TRUNCATED]
-    return [_APPEND, *more]
+        return _Report(Outcome.TRUNCATED)
+    return _Report(Outcome.APPEND, more)
 
 
 def _guarded(errors: list[str | None], r: int, entry: Any, fn: Callable[[], Any]) -> Any:
@@ -315,13 +356,28 @@ def _row_results(episodes, errors, mine, entries, g):
     return [x for x, _ in local], [err for _, err in local]
 
 
-def _pack(
-    trajs, prefill, episodes, reward_tokens, truncated, settings, rollout_s, steps, owner, flat,
-    errors,
-):  # fmt: skip
+def pack(
+    sampled: Sampled,
+    reward_tokens: np.ndarray,
+    results: Sequence[RewardResult],
+    *,
+    max_len: int,
+    rollout_s: float,
+    episodes: Sequence[Episode | None] | None = None,
+    owner: Sequence[int] | None = None,
+    errors: Sequence[str | None] | None = None,
+) -> Rollouts:
+    """The [P, G] `Rollouts` of `sampled`'s P x G rows (row-major) and their `results`, padded
+    to the length bucket of the longest (at most `max_len`). Rows without `episodes`, `owner`
+    or `errors`: none recorded, all run by process 0, no environment failure."""
     p, g = reward_tokens.shape
+    n = p * g
+    episodes = [None] * n if episodes is None else list(episodes)
+    owner = [0] * n if owner is None else owner
+    errors = [None] * n if errors is None else list(errors)
+    trajs = sampled.trajectories
     longest = max(len(traj.tokens) for traj in trajs)
-    t = min(length_bucket(longest), settings.max_len)  # rows sized to their content
+    t = min(length_bucket(longest), max_len)  # rows sized to their content
     tokens = np.zeros((p, g, t), np.int32)
     segments = np.zeros((p, g, t), np.int32)
     loss_mask = np.zeros((p, g, t), np.int32)
@@ -337,31 +393,31 @@ def _pack(
         loss_mask[i, j, :n] = mask
         old[i, j, :n] = np.where(mask, np.nan_to_num(np.asarray(traj.logprobs, np.float32)), 0.0)
         sampled_tokens += int(mask.sum())
-    results = [flat[i * g : (i + 1) * g] for i in range(p)]
+    grouped = [list(results[i * g : (i + 1) * g]) for i in range(p)]
     for i in range(p):
         for j in range(g):
-            rewards[i, j] = results[i][j].reward
+            rewards[i, j] = grouped[i][j].reward
     stats = {
         "rollout_s": rollout_s,
-        "assistant_steps": float(steps),
+        "assistant_steps": float(sampled.assistant_steps),
         "sampled_tokens": float(sampled_tokens),
-        "prefill_tokens": float(sum(prefill)),
+        "prefill_tokens": float(sum(sampled.prefill_tokens)),
         "trajectory_tokens": float(segments.sum()),
-        "truncated": float(sum(truncated)),
+        "truncated": float(sum(sampled.truncated)),
         "env_errors": float(sum(e is not None for e in errors)),
         "sampled_tokens_per_s": sampled_tokens / max(rollout_s, 1e-9),
     }
     return Rollouts(
         tokens=tokens, segments=segments, loss_mask=loss_mask, old_logprobs=old,
-        rewards=rewards, reward_token=np.asarray(reward_tokens, np.int32), results=results,
-        episodes=list(episodes), stats=stats,
+        rewards=rewards, reward_token=np.asarray(reward_tokens, np.int32), results=grouped,
+        episodes=episodes, stats=stats,
         env_process=np.asarray(owner, np.int32).reshape(p, g), errors=list(errors),
     )  # fmt: skip
 
 
 def concat_groups(parts: Sequence[Rollouts]) -> Rollouts:
     """The groups of several rollout rounds as one batch, right-padded to the longest T (as
-    `_pack` pads); stats summed (rates recomputed)."""
+    `pack` pads); stats summed (rates recomputed)."""
     if len(parts) == 1:
         return parts[0]
     t = max(x.tokens.shape[-1] for x in parts)

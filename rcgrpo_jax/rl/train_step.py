@@ -23,7 +23,7 @@ from rcgrpo_jax.rl.advantages import TokenDraw, draw_reward_tokens
 from rcgrpo_jax.rl.losses import Objective, logprobs_and_entropy, policy_loss
 from rcgrpo_jax.train.state import TrainState, make_train_step
 
-NEXT_TOKENS = "next_reward_tokens"  # the metrics key of the next iteration's [P, G] tokens
+NEXT_REWARD_TOKENS = "next_reward_tokens"  # the metrics key of the next iteration's [P, G] tokens
 
 
 def make_rl_step(
@@ -31,23 +31,25 @@ def make_rl_step(
     objective: Objective,
     optimizer: optax.GradientTransformation,
     *,
-    tokens: TokenDraw | None = None,
+    reward_token_draw: TokenDraw | None = None,
     key: Hashable | None = None,
     **step_options: Any,
 ) -> Callable[[TrainState, dict[str, Any]], tuple[TrainState, dict[str, jax.Array]]]:
     """(state, batch [P, G, ...]) -> (state, metrics); microbatches split the P groups.
 
     `step_options` are `make_train_step`'s (mesh, shardings, grad_accum, schedule, ...). With
-    `tokens`, the batch carries `iteration` (int32 []: the iteration its rollouts belong to) and
-    the metrics carry `NEXT_TOKENS`: `draw_reward_tokens(tokens, iteration + 1)`, keyed by the
-    iteration alone, so every update of an iteration draws the same ones. The draw's seed,
+    `reward_token_draw`, the batch carries `iteration` (int32 []: the iteration its rollouts
+    belong to) and the metrics carry `NEXT_REWARD_TOKENS`: `draw_reward_tokens(reward_token_draw,
+    iteration + 1)`, keyed by the iteration alone, so every update of an iteration draws the
+    same ones. The draw's seed,
     p_high and fixed token are step inputs, not constants of the program.
 
     `key`: what determines `optimizer` and the schedule (their `OptimConfig`); with it, every
     RL step of the same model config, objective, draw shape and key shares one program (all
     arms of stage `all`), compiled once per shape.
     """
-    shape = None if tokens is None else tokens.shape()  # the program sees only the shape
+    # the program sees only the draw's shape
+    shape = None if reward_token_draw is None else reward_token_draw.shape()
 
     def loss_fn(params, batch, rng):
         del rng  # the loss is deterministic given the rollouts
@@ -56,13 +58,13 @@ def make_rl_step(
     def outputs(batch):
         if "iteration" not in batch:
             raise ValueError("an RL step that draws reward tokens needs batch['iteration']")
-        return {NEXT_TOKENS: draw_reward_tokens(shape, batch["iteration"] + 1, inputs=batch)}
+        return {NEXT_REWARD_TOKENS: draw_reward_tokens(shape, batch["iteration"] + 1, inputs=batch)}
 
     return make_train_step(
         loss_fn,
         optimizer,
-        outputs=None if tokens is None else outputs,
-        inputs=None if tokens is None else tokens.inputs(),
+        outputs=None if reward_token_draw is None else outputs,
+        inputs=None if reward_token_draw is None else reward_token_draw.inputs(),
         key=None if key is None else ("rl", cfg, objective, shape, key),
         **step_options,
     )

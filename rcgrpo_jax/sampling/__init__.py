@@ -14,18 +14,15 @@ from rcgrpo_jax.sampling.core import (
     state_shapes,
 )
 from rcgrpo_jax.sampling.session import (
-    Buckets,
     CapacityError,
     Generation,
     Session,
     Trajectory,
     TurnOutput,
-    batch_capacity,
-    cache_capacity,
     generate,
     generate_lanes,
-    length_bucket,
 )
+from rcgrpo_jax.shapes import Buckets, batch_capacity, cache_capacity, length_bucket
 
 __all__ = [
     "Buckets",

@@ -183,8 +183,8 @@ def _filter_logits(x: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Arra
 def argmax(x: jax.Array) -> jax.Array:
     """`jnp.argmax(x, axis=-1)` as int32, the same index in every case (first maximum; first NaN
     if any), from two plain reductions. XLA:CPU lowers argmax's paired (value, index) reduction
-    to a scalar loop: ~70 us at [32, 1024] (2% of bench/suite.py's batch-32 decode step); this
-    takes ~12 us."""
+    to a scalar loop, several times slower than these two (docs/benchmarks.md, "The sampler's
+    token choice")."""
     top = jnp.max(x, axis=-1, keepdims=True)
     index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
     hit = (x == top) | jnp.isnan(x)

@@ -1,4 +1,5 @@
-"""Cached inference: the KV cache the decoder's layers read and write, in [B, KV, S, D] layout.
+"""Cached inference: the KV cache the decoder's layers read and write (keys [B, KV, D, S],
+values [B, KV, S, D]: the layouts `models.attention` reads).
 
 The layers, their stack and the head are the training forward's own (`models.decoder`:
 `forward_hidden` -> `run_layers` -> `decoder_layer`); this module owns only the cache: its
@@ -7,10 +8,10 @@ write of each chunk's keys and values (`decoder.KVWrite`). Each layer owns its c
 (updated in place inside the jitted loop), and the layer loop is unrolled over weights sliced
 out of the stacked params once per jitted call (`decoder.unstack_layers`, outside the decode
 loop): driving a cache through a `lax.scan` copies the whole cache in and out of the scan on
-every decode step (~70% of a batch-32 CPU decode step at 512 slots). Attention runs through
-`models.attention`, whose dense or flash kernel also serves prefill and decode (flash visits
-only the cache blocks some row occupies); the tests check the logits against `models.apply` and
-the tokens against transformers.
+every decode step, which would cost a small decode step more than its own work. Attention runs
+through `models.attention`, whose dense or flash kernel also serves prefill and decode (flash
+visits only the cache blocks some row occupies); the tests check the logits against
+`models.apply` and the tokens against transformers.
 """
 
 from __future__ import annotations

@@ -13,12 +13,17 @@ programs of `core`. A multi-turn RL rollout loop uses it like this::
     traj = sess.trajectory(row)                # tokens, sampled mask, old log-probs
 
 Nothing is recomputed across turns: `append` prefills only the new tokens on top of each row's
-cache. Shapes are bucketed (batch, chunk length, cache length, decode steps, stop-set size) so
-a long run compiles a small, bounded set of programs (`compile_count()`).
+cache. Shapes are bucketed (batch, chunk length, cache length, decode steps, stop-set size; the
+rules are `rcgrpo_jax.shapes`) so a long run compiles a small, bounded set of programs
+(`compile_count()`).
 
 Rows that stop early inside a decode call are masked; between decode segments and for appends,
 only the rows involved are gathered into a smaller batch bucket when that bucket is smaller, so
 finished rows stop costing compute wherever the shapes allow.
+
+The module stays one file of ~600 lines because `Session` is one state machine (its rows,
+caches, slots and histories change together in every method) and `generate` is a thin driver
+of it; the jitted programs it runs are `core`'s, the bucket rules `rcgrpo_jax.shapes`'.
 """
 
 from __future__ import annotations
@@ -35,6 +40,13 @@ from jax.sharding import Mesh
 from rcgrpo_jax import distributed, machine, models
 from rcgrpo_jax.models.config import ModelConfig
 from rcgrpo_jax.sampling import core
+from rcgrpo_jax.shapes import (
+    Buckets,
+    batch_capacity,
+    geom_bucket,
+    length_bucket,
+    pow2_bucket,
+)
 
 StopIds = Sequence[int] | Sequence[Sequence[int]] | Mapping[int, Sequence[int]]
 
@@ -52,64 +64,6 @@ MAX_PROGRAMS_AHEAD = 8
 
 class CapacityError(ValueError):
     """A trajectory would outgrow the session's `max_len`."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Buckets:
-    """Shape buckets: each dimension is rounded up so that few distinct programs are compiled."""
-
-    # Rows (raised to the data*fsdp mesh size when sharded) and prefill chunk length (2^k or
-    # 1.5 * 2^k in [chunk_min, chunk_max]). Smaller minimums give a session's tail (a few rows
-    # still running, short tool outputs) a program per small shape, each run a handful of
-    # times: the demo's first RL arm compiles 114 programs at 8 / 32 and 138 at 4 / 16, with
-    # every rollout and metric bit-equal on XLA:CPU; at 16 rows XLA's kernels round some
-    # log-probs differently (docs/benchmarks.md).
-    batch_min: int = 8
-    chunk_min: int = 32
-    # Longer appends are prefilled in several chunks: bounds the [B, H, T, S] attention scores
-    # a chunk materialises, and the padding of ragged rows.
-    chunk_max: int = 128
-    cache_min: int = 64  # cache length: 2^k or 1.5 * 2^k (<= 1/3 unused) up to cache_geom_max,
-    cache_geom_max: int = 4096  # then multiples of cache_geom_max
-    # A session whose max_len is at most this allocates its caches at max_len once, rather than
-    # growing them bucket by bucket: every grow is a program, and every cache length multiplies
-    # the prefill, decode and gather programs by one. Attention still reads only the slots the
-    # growing schedule would have (`Session._room`), so the numbers are the same either way.
-    preallocate_max: int = 2048
-    decode_steps: int = 64  # most tokens per jitted decode call (the loop exits when rows stop)
-    stops_min: int = 4  # stop-set width: power of two >= stops_min
-
-
-def _pow2(n: int, lo: int) -> int:
-    return max(lo, 1 << max(0, int(n) - 1).bit_length())
-
-
-def _geom(n: int, lo: int) -> int:
-    """The smallest 2^k or 1.5 * 2^k >= n (and >= lo): at most 1/3 of it is padding."""
-    size = _pow2(n, lo)
-    return size * 3 // 4 if size >= 2 * lo and n <= size * 3 // 4 else size
-
-
-def cache_capacity(max_len: int, buckets: Buckets = Buckets()) -> int:  # noqa: B008 (frozen)
-    """Cache slots per row for trajectories of up to `max_len` tokens: the `max_len` to give
-    their `Session`, and so the largest cache it allocates. One prefill chunk more than
-    `max_len`, because the last chunk of an append is padded to its bucket and writes past the
-    row's last real token. The RL rollout sizes its session and the planner its cache by this."""
-    return int(max_len) + buckets.chunk_max
-
-
-def batch_capacity(rows: int, shard: int = 1, buckets: Buckets = Buckets()) -> int:  # noqa: B008
-    """State rows a `Session` allocates for `rows` trajectories: a power of two, at least
-    `buckets.batch_min` and the mesh's data x fsdp size `shard` (every shard holds rows)."""
-    return _pow2(rows, max(buckets.batch_min, shard))
-
-
-def length_bucket(n: int, buckets: Buckets = Buckets()) -> int:  # noqa: B008 (frozen)
-    """The cache-length bucket of `n` tokens: 2^k or 1.5 * 2^k (>= cache_min) up to
-    cache_geom_max, then multiples of it. The RL step's T uses the same rule, so the programs
-    compiled for a run stay few (one per bucket) whatever the trajectories' lengths."""
-    top = buckets.cache_geom_max
-    return -(-n // top) * top if n > top else _geom(n, buckets.cache_min)
 
 
 @dataclasses.dataclass
@@ -296,7 +250,7 @@ class Session:
         running = [r for r in rows if budget[r] > 0]
         while running:
             steps = self.buckets.decode_steps
-            width = _pow2(max(len(stops[r]) for r in running), self.buckets.stops_min)
+            width = pow2_bucket(max(len(stops[r]) for r in running), self.buckets.stops_min)
 
             def seg(state, slot_rows, steps=steps, width=width):
                 b = len(slot_rows)
@@ -380,7 +334,7 @@ class Session:
         return batch_capacity(len(rows), self._shard, self.buckets)
 
     def _chunk_bucket(self, n: int) -> int:
-        return min(_geom(n, self.buckets.chunk_min), self.buckets.chunk_max)
+        return min(geom_bucket(n, self.buckets.chunk_min), self.buckets.chunk_max)
 
     def _cache_bucket(self, n: int) -> int:
         size = length_bucket(n, self.buckets)
@@ -404,7 +358,7 @@ class Session:
         rounded up to a power of two (>= cache_min) so that few programs are compiled, and at
         most the room in use, whatever was allocated."""
         longest = max((len(self._hist[r]) for r in slot_rows if r is not None), default=0)
-        return min(_pow2(longest + new, self.buckets.cache_min), self._room)
+        return min(pow2_bucket(longest + new, self.buckets.cache_min), self._room)
 
     def _index(self, slots: Sequence[int], size: int) -> np.ndarray:
         """Slot indices padded to `size` with an out-of-range index (= empty row / dropped)."""
@@ -621,15 +575,11 @@ def _stops_per_row(stop_token_ids: StopIds, n: int) -> list[list[int]] | None:
 
 
 __all__ = [
-    "Buckets",
     "CapacityError",
     "Generation",
     "Session",
     "Trajectory",
     "TurnOutput",
-    "batch_capacity",
-    "cache_capacity",
     "generate",
     "generate_lanes",
-    "length_bucket",
 ]

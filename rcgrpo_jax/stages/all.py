@@ -254,6 +254,7 @@ def format_targets(t: dict[str, Any]) -> str:
 def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     from rcgrpo_jax.stages import rl as rl_loop
     from rcgrpo_jax.stages import sft
+    from rcgrpo_jax.stages.rl_report import run_stats
 
     setup.require_golden_trajectories(config)
     t0 = time.time()
@@ -297,7 +298,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         sampling = ", dynamic sampling" if arm.dynamic else ""
         what = f"{budget} trajectories from {arm.init}{sampling}"
         done = _run_once(c, functools.partial(rl_loop.run, name=arm.name), what)
-        stats = rl_loop.run_stats(Path(c.workdir), budget)
+        stats = run_stats(Path(c.workdir), budget)
         arms[arm.name] = {**stats, "ended": done.get("ended")}
 
     runs = {arm.name: workdir / arm.name / "metrics.jsonl" for arm in arms_run}

@@ -277,7 +277,7 @@ def measure_success(
 
 # Successes measured in this process, by `_measurement_key`. Stage `all` evaluates each
 # stage-1 policy at its end, and again as the start of every RL arm (and control) that begins
-# from it, under the same token: on the demo these repeats were ~10% of the run's time.
+# from it, under the same token: those repeats are answered from here, not measured again.
 _MEASURED: dict[str, Success] = {}
 # Parameters above this size are not hashed: an evaluation of such a model is a small part
 # of its run, and reading them all to the host is not.

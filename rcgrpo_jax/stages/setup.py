@@ -10,11 +10,21 @@ import sys
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ml_collections
 
 from rcgrpo_jax.errors import UserError
+
+if TYPE_CHECKING:  # the heavy modules load when a stage runs, not when a config is checked
+    import jax
+    import optax
+
+    from rcgrpo_jax.compilation import Span
+    from rcgrpo_jax.models import ModelConfig, Params
+    from rcgrpo_jax.train.checkpoint import Checkpointer
+    from rcgrpo_jax.train.optim import OptimConfig
+    from rcgrpo_jax.train.state import TrainState
 
 
 def mesh_from_config(config: ml_collections.ConfigDict):
@@ -142,11 +152,11 @@ class Start:
     model (cfg, params); `span` times the stage from here (wall and compile seconds)."""
 
     workdir: Path
-    mesh: Any
-    tokenizer: Any
-    cfg: Any  # models.ModelConfig
-    params: Any
-    span: Any = None  # compilation.Span
+    mesh: jax.sharding.Mesh
+    tokenizer: Any  # a transformers tokenizer
+    cfg: ModelConfig
+    params: Params
+    span: Span | None = None
 
 
 def start(config: ml_collections.ConfigDict, init_from: str = "") -> Start:
@@ -178,17 +188,17 @@ class Training:
     stored beside the state ({} for a fresh state)."""
 
     workdir: Path
-    mesh: Any
-    tokenizer: Any
-    cfg: Any  # models.ModelConfig
-    optim: Any  # train.optim.OptimConfig
-    optimizer: Any  # optax.GradientTransformation
-    schedule: Any  # optax.Schedule: the learning rate the step logs
-    shardings: Any  # train.state.TrainState of shardings
-    checkpointer: Any  # train.checkpoint.Checkpointer
-    state: Any  # train.state.TrainState
-    data_state: dict
-    span: Any = None  # compilation.Span: since the stage's start
+    mesh: jax.sharding.Mesh
+    tokenizer: Any  # a transformers tokenizer
+    cfg: ModelConfig
+    optim: OptimConfig
+    optimizer: optax.GradientTransformation
+    schedule: optax.Schedule  # the learning rate the step logs
+    shardings: TrainState  # of shardings
+    checkpointer: Checkpointer
+    state: TrainState
+    data_state: dict[str, Any]
+    span: Span | None = None  # since the stage's start
 
     @property
     def export_dir(self) -> Path:
@@ -390,20 +400,3 @@ def fitting_entries(
     if entries and not kept:
         raise UserError(f"no {what}={max_len}: every prompt is longer; raise it")
     return kept
-
-
-def objective_from_config(rl: ml_collections.ConfigDict):
-    """The `rl.losses.Objective` that `rl.objective` names, with its parameters from `rl.*`:
-    gspo clips its sequence ratio to its own (much narrower) range, dr_grpo divides by
-    sequences x rl.max_len (the fixed budget of a trajectory)."""
-    from rcgrpo_jax.rl.losses import Objective
-
-    gspo = rl.objective == "gspo"
-    return Objective(
-        name=rl.objective,
-        clip_low=float(rl.gspo_clip_low if gspo else rl.clip_low),
-        clip_high=float(rl.gspo_clip_high if gspo else rl.clip_high),
-        kl_beta=float(rl.kl_beta),
-        aggregation=rl.aggregation,
-        norm_length=int(rl.max_len),
-    )

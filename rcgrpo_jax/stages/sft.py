@@ -23,11 +23,12 @@ from rcgrpo_jax.data.trajectories import DataSettings, build_rctp_dataset
 from rcgrpo_jax.envs.prompts import stop_ids
 from rcgrpo_jax.envs.reward_tokens import HIGH, LOW
 from rcgrpo_jax.errors import UserError
+from rcgrpo_jax.models.flops import flops_per_token
 from rcgrpo_jax.stages import setup
 from rcgrpo_jax.stages.eval import measure_success
 from rcgrpo_jax.train.loop import train_loop
 from rcgrpo_jax.train.losses import make_sft_loss
-from rcgrpo_jax.train.metrics import MetricsWriter, flops_per_token
+from rcgrpo_jax.train.metrics import MetricsWriter
 from rcgrpo_jax.train.state import make_train_step
 
 

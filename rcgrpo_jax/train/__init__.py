@@ -5,7 +5,8 @@
   jitted, sharded step with microbatch scan and skip-on-non-finite), shard_batch.
 - losses: masked next-token CE (SFT/RCTP) over rows packed by `data.packing`.
 - checkpoint: Checkpointer (orbax; data-iterator state; corrupt-latest fallback).
-- metrics: MetricsWriter (jsonl + TensorBoard + tqdm), flops_per_token, mfu. plots: PNG plots.
+- metrics: MetricsWriter (jsonl + TensorBoard + tqdm), mfu (over `models.flops`). plots: PNG
+  plots.
 - loop: restore_or_init, train_loop.
 
 Submodules are imported explicitly (`from rcgrpo_jax.train import state`), so importing the

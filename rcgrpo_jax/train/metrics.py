@@ -1,5 +1,6 @@
 """Metrics sinks for every stage: metrics.jsonl, TensorBoard events (tensorboardX), a tqdm bar;
-plus the analytic FLOP/MFU estimate (XLA's cost analysis counts a scanned layer body once).
+plus MFU from the analytic FLOPs of `models.flops` (XLA's cost analysis counts a scanned layer
+body once).
 
 Only process 0 writes (other processes get a writer whose calls do nothing), so multi-host runs
 produce one file per workdir.
@@ -31,7 +32,6 @@ import numpy as np
 
 from rcgrpo_jax import compilation
 from rcgrpo_jax.errors import UserError
-from rcgrpo_jax.models import ModelConfig
 
 
 class OutputError(UserError):
@@ -271,18 +271,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-# ------------------------------------------------------------------------------------ FLOPs
-
-
-def flops_per_token(cfg: ModelConfig, seq_len: int, *, training: bool = True) -> float:
-    """Matmul FLOPs per token (PaLM appendix B): 6·N + 12·L·H·D·T for training (2·N + 4·L·H·D·T
-    forward only), N = params that take part in matmuls (the input embedding lookup does not,
-    unless it is tied to the LM head). The attention term counts the full T×T score matrix."""
-    n = cfg.num_params()
-    if not cfg.tie_embeddings:
-        n -= cfg.vocab_size * cfg.hidden_size
-    attn = cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len
-    return float(6 * n + 12 * attn) if training else float(2 * n + 4 * attn)
+# ------------------------------------------------------------------------------------ MFU
 
 
 def mfu(tokens_per_second: float, flops_per_tok: float, peak_flops_per_second: float) -> float:

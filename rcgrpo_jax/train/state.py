@@ -59,7 +59,7 @@ class TrainState:
     params: Any  # float32 master weights
     opt_state: Any
     rng: jax.Array  # uint32 raw key data (plain array: checkpoints need no key-type support)
-    skipped: jax.Array  # int32 []: how many of those calls were not applied (non-finite)
+    skipped: jax.Array  # int32 []: how many of those calls were not applied (module docstring)
 
 
 def _replicated(mesh: Mesh) -> NamedSharding:

@@ -1,0 +1,191 @@
+"""What an RL run records: the held-out evaluation record (overall and per task kind), each
+iteration's metrics and rollouts.jsonl record, its environment-failure warning, its end line,
+and the statistics stage `all` and `tools.seeds` read back from metrics.jsonl (`run_stats`)."""
+
+from __future__ import annotations
+
+import collections
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rcgrpo_jax.envs.reward_tokens import HIGH, LOW
+from rcgrpo_jax.rl.advantages import degenerate_groups
+from rcgrpo_jax.rl.curve import Curve
+from rcgrpo_jax.rl.losses import summarize
+from rcgrpo_jax.stages.eval import measure_success
+from rcgrpo_jax.train.metrics import read_jsonl
+
+if TYPE_CHECKING:
+    from rcgrpo_jax.stages.rl import Generated, Update
+
+KIND_KEYS = {"eval_success": "eval_by_kind/", "eval_sampled": "eval_sampled_by_kind/"}
+
+
+def heldout(
+    config, cfg, tokenizer, mesh, entries, token, params, sampled: bool = True
+) -> dict[str, float]:
+    """The RL evaluation record: greedy held-out success (`eval_success`) and, with
+    `eval.samples` k and `sampled`, the mean success of k samples per entry (`eval_sampled`:
+    k times the rollouts of the greedy figure, so only at the start and the end); each also
+    per task kind (`eval_by_kind/<kind>`, `eval_sampled_by_kind/<kind>`), and with samples the
+    fraction of entries solved by some samples but not all (`eval_sampled_sometimes`)."""
+    model, k = (cfg, params), int(config.eval.samples)
+    measured = {"eval_success": measure_success(config, model, tokenizer, mesh, entries, token)}
+    if k and sampled:
+        measured["eval_sampled"] = measure_success(
+            config, model, tokenizer, mesh, entries, token, k
+        )
+    out: dict[str, float] = {}
+    for key, m in measured.items():
+        out[key] = m.rate
+        out.update({f"{KIND_KEYS[key]}{kind}": v for kind, v in m.by_kind.items()})
+    if "eval_sampled" in measured:  # held-out prompts a group could carry signal on
+        out["eval_sampled_sometimes"] = measured["eval_sampled"].sometimes
+    return out
+
+
+def by_kind(record: dict[str, Any], key: str = "eval_success") -> dict[str, float]:
+    """The per-kind values of a record's `key` (`KIND_KEYS`)."""
+    prefix = KIND_KEYS[key]
+    return {k.removeprefix(prefix): v for k, v in record.items() if k.startswith(prefix)}
+
+
+def run_stats(workdir: Path, budget: int) -> dict[str, Any]:
+    """Over an RL run (its metrics.jsonl): mean degenerate-group fraction, entropy and reward,
+    the fraction of updates applied, and held-out success at the start (the record of
+    iteration 0) and at the end (the last evaluation); sampled success too where measured; the
+    trajectories generated, and held-out success against them (`curve`, its normalised area
+    `auc`) over the run's `budget`."""
+    rows = read_jsonl(workdir / "metrics.jsonl")
+    curve = Curve.from_records(rows, budget)
+    evals = [r for r in rows if r.get("eval_success") is not None]
+    first = lambda k: evals[0].get(k, float("nan")) if evals and evals[0]["step"] == 0 else None
+    last = lambda k: evals[-1].get(k, float("nan")) if evals else float("nan")
+    # a value is null (NaN) in an iteration without an update (dynamic sampling found no group)
+    values = lambda k: [r[k] for r in rows if r.get(k) is not None]
+    mean = lambda k: float(np.mean(values(k))) if values(k) else float("nan")
+    out = {
+        "start_success": first("eval_success"),
+        "heldout_success": last("eval_success"),
+        "degenerate_frac": mean("degenerate_frac"),
+        "entropy": mean("entropy"),
+        "reward_mean": mean("reward_mean"),
+        "applied_frac": mean("applied_frac"),
+        "all_pass_frac": mean("all_pass_frac"),
+        "all_fail_frac": mean("all_fail_frac"),
+        "generated_rollouts": int(sum(r.get("generated_rollouts") or 0 for r in rows)),
+        "curve": curve.to_dict(),
+        "auc": curve.area(),
+    }
+    if any("eval_sampled" in r for r in evals):
+        out.update(sampled_start=first("eval_sampled"), sampled_success=last("eval_sampled"))
+        out.update(
+            sometimes_start=first("eval_sampled_sometimes"),
+            sometimes_end=last("eval_sampled_sometimes"),
+        )
+    if evals:  # success per task kind at the start and the end
+        out["kinds"] = {
+            "start": by_kind(evals[0]) if evals[0]["step"] == 0 else {},
+            "end": by_kind(evals[-1]),
+        }
+    return out
+
+
+def iteration_record(upd: Update, generated: Generated, total: int) -> dict[str, float]:
+    """Per-iteration metrics: group statistics from every generated rollout (recomputable from
+    rollouts.jsonl), loss-side values averaged over the iteration's applied updates (of the
+    planned calls), except the rollout-trainer agreement (`logp_gap_*`, `ratio_dev_max`): the
+    first update's, whose params are still the sampler's (a later update's gap is the policy's
+    own change); the trajectories generated, the groups trained on and the running total."""
+    step_metrics, planned, ro = upd.step_metrics, upd.planned, generated.rollouts
+    means = collections.defaultdict(lambda: float("nan"))  # no update: no loss-side values
+    first = collections.defaultdict(lambda: float("nan"))
+    if step_metrics:
+        means.update(
+            summarize({k: np.mean([float(m[k]) for m in step_metrics]) for k in step_metrics[0]})
+        )
+        first.update(summarize(step_metrics[0]))
+    rewards, rt = ro.rewards, ro.reward_token
+    with_token = lambda t: float(rewards[rt == t].mean()) if (rt == t).any() else float("nan")
+    total_s = ro.stats["rollout_s"] + upd.seconds
+    return {
+        "loss": means["loss"],
+        "grad_norm": means["grad_norm"],
+        "entropy": means["entropy"],
+        "kl": means["kl"],
+        "clip_frac": means["clip_frac"],
+        "skipped": means["skipped"],
+        # of the iteration's update calls, those applied (not skipped: no signal, non-finite)
+        "applied_frac": sum(1.0 - float(m["update_skipped"]) for m in step_metrics)
+        / max(planned, 1),
+        "reward_mean": float(rewards.mean()),
+        "reward_high": with_token(HIGH),
+        "reward_low": with_token(LOW),
+        "degenerate_frac": float(np.asarray(degenerate_groups(rewards)).mean()),
+        # the prompt pool's pass rates: groups all solved / all failed (degenerate = their sum)
+        "all_pass_frac": float((rewards == 1).all(1).mean()),
+        "all_fail_frac": float((rewards == 0).all(1).mean()),
+        "abs_adv_mean": means["abs_adv_mean"],
+        "logp_gap_mean": first["logp_gap_mean"],
+        "logp_gap_max": first["logp_gap_max"],
+        "ratio_dev_max": first["ratio_dev_max"],
+        "rollout_s": ro.stats["rollout_s"],
+        "update_s": upd.seconds,
+        "sampled_tokens": ro.stats["sampled_tokens"],
+        "prefill_tokens": ro.stats["prefill_tokens"],
+        "tokens_per_s": ro.stats["trajectory_tokens"] / max(total_s, 1e-9),
+        "truncated": ro.stats["truncated"],
+        "env_errors": ro.stats["env_errors"],
+        **({"lr": means["lr"]} if "lr" in means else {}),
+        "generated_rollouts": float(generated.count),
+        "trained_groups": float(generated.trained.sum()),
+        "rollouts": total,
+    }
+
+
+def rollout_log_record(iteration: int, generated: Generated) -> dict[str, Any]:
+    """rollouts.jsonl's record of an iteration: per group its entry, reward tokens, rewards,
+    the process that ran each row's environment, the rows' environment errors and whether the
+    update trained on it."""
+    ro = generated.rollouts
+    p, g = ro.rewards.shape
+    return {
+        "iteration": iteration,
+        "entry_ids": [e.id for e in generated.entries],
+        "reward_token": ro.reward_token.tolist(),
+        "rewards": ro.rewards.tolist(),
+        "env_process": ro.env_process.tolist(),
+        "env_errors": [ro.errors[i * g : (i + 1) * g] for i in range(p)],
+        "trained": generated.trained.tolist(),
+    }
+
+
+def warn_env_errors(iteration: int, errors: list[str | None]) -> None:
+    """One stderr line for an iteration in which some rollout rows' environment failed."""
+    kinds = collections.Counter(e.split(":")[0] for e in errors if e is not None)
+    if kinds:
+        what = ", ".join(f"{k} x{n}" for k, n in kinds.most_common())
+        print(
+            f"warning: iteration {iteration}: {sum(kinds.values())} of {len(errors)} rollouts "
+            f"failed in the environment ({what}), scored 0; see rollouts.jsonl",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def end_line(
+    name: str, stats: dict[str, Any], generated: int, ended: str, steps: int, budget: int
+) -> str:
+    """The stage's one end line: held-out success start -> end, degenerate groups, updates
+    applied and trajectories generated (and whether rl.steps cut the budget short)."""
+    begin = stats["start_success"]
+    return (
+        f"{name}: held-out success "
+        + ("" if begin is None else f"{begin:.1%} -> ")
+        + f"{stats['heldout_success']:.1%}, degenerate groups {stats['degenerate_frac']:.1%}"
+        + f", updates applied {stats['applied_frac']:.0%}, {generated} trajectories"
+        + ("" if ended == "budget" else f" (stopped by rl.steps={steps} short of {budget})")
+    )
