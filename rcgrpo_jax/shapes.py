@@ -18,9 +18,9 @@ class Buckets:
     # Rows (raised to the data*fsdp mesh size when sharded) and prefill chunk length (2^k or
     # 1.5 * 2^k in [chunk_min, chunk_max]). Smaller minimums give a session's tail (a few rows
     # still running, short tool outputs) a program per small shape, each run a handful of
-    # times. These are the largest minimums that leave every rollout and metric of the demo
-    # unchanged on XLA:CPU (16 rows: XLA's kernels round some log-probs differently); the
-    # program counts are in docs/benchmarks.md, "Fewer programs".
+    # times; a larger row minimum changes the rounding of some log-probs on XLA:CPU (another
+    # batch size picks other kernels). Program counts per setting: docs/benchmarks.md,
+    # "Fewer programs".
     batch_min: int = 8
     chunk_min: int = 32
     # Longer appends are prefilled in several chunks: bounds the [B, H, T, S] attention scores

@@ -129,6 +129,23 @@ def _import_graph() -> list[tuple[str, str, int, bool]]:
     ]
 
 
+LONG_MODULE = 500  # lines; a longer module says at its top why it stays one module
+_REASON = re.compile(r"\b(long|one file|one module)\b[^.]*\bbecause\b", re.IGNORECASE | re.DOTALL)
+
+
+def test_a_long_module_says_why_at_its_top():
+    """Over `LONG_MODULE` lines, a module's docstring gives its reason ("... long because ...",
+    "... stays one file ... because ...")."""
+    missing = []
+    for path in sorted((REPO / "rcgrpo_jax").rglob("*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > LONG_MODULE:
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if not _REASON.search(doc):
+                missing.append(f"{path.relative_to(REPO)} ({len(text.splitlines())} lines)")
+    assert not missing, missing
+
+
 def test_the_layers_table_names_every_unit_once():
     from rcgrpo_jax.layers import LAYERS
 

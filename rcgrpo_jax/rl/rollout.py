@@ -37,7 +37,8 @@ from rcgrpo_jax.envs.executor import CALL_TIMEOUT_S
 from rcgrpo_jax.envs.reward import ENV_ERROR, RewardResult
 from rcgrpo_jax.envs.reward_tokens import NONE
 from rcgrpo_jax.models import ModelConfig, Params
-from rcgrpo_jax.sampling import Session, Trajectory, cache_capacity, length_bucket
+from rcgrpo_jax.sampling import Session, Trajectory
+from rcgrpo_jax.shapes import cache_capacity, length_bucket
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class RolloutSettings:
 @dataclasses.dataclass
 class Rollouts:
     """A [P, G] batch of finished trajectories, padded to T = the length bucket of the longest
-    (`sampling.session.length_bucket`, at most settings.max_len)."""
+    (`shapes.length_bucket`, at most settings.max_len)."""
 
     tokens: np.ndarray  # [P, G, T] int32
     segments: np.ndarray  # [P, G, T] int32: 1 real, 0 padding
@@ -306,9 +307,9 @@ def _open(env, entry, token, settings, tokenizer) -> tuple[Episode, list[int]]:
     return episode, prompts.prompt_ids(tokenizer, episode.messages, episode.tools)
 
 
-def _advance(episode, tokenizer, toks, stopped, length, eot, settings) -> _Report:
+def _advance(episode, tokenizer, token_ids, stopped, length, eot, settings) -> _Report:
     """One environment step of a row after its assistant step."""
-    text_ids = toks[:-1] if stopped else toks
+    text_ids = token_ids[:-1] if stopped else token_ids
     step = episode.step(tokenizer.decode(text_ids, skip_special_tokens=False))
     if step.done:
         return _Report(Outcome.DONE)
@@ -386,12 +387,14 @@ def pack(
     sampled_tokens = 0
     for r, traj in enumerate(trajs):
         i, j = divmod(r, g)
-        n = len(traj.tokens)
-        tokens[i, j, :n] = traj.tokens
-        segments[i, j, :n] = 1
+        length = len(traj.tokens)
+        tokens[i, j, :length] = traj.tokens
+        segments[i, j, :length] = 1
         mask = np.asarray(traj.sampled, bool)
-        loss_mask[i, j, :n] = mask
-        old[i, j, :n] = np.where(mask, np.nan_to_num(np.asarray(traj.logprobs, np.float32)), 0.0)
+        loss_mask[i, j, :length] = mask
+        old[i, j, :length] = np.where(
+            mask, np.nan_to_num(np.asarray(traj.logprobs, np.float32)), 0.0
+        )
         sampled_tokens += int(mask.sum())
     grouped = [list(results[i * g : (i + 1) * g]) for i in range(p)]
     for i in range(p):

@@ -41,8 +41,8 @@ def make_rl_step(
     `reward_token_draw`, the batch carries `iteration` (int32 []: the iteration its rollouts
     belong to) and the metrics carry `NEXT_REWARD_TOKENS`: `draw_reward_tokens(reward_token_draw,
     iteration + 1)`, keyed by the iteration alone, so every update of an iteration draws the
-    same ones. The draw's seed,
-    p_high and fixed token are step inputs, not constants of the program.
+    same ones. The draw's seed, p_high and fixed token are step inputs, not constants of the
+    program.
 
     `key`: what determines `optimizer` and the schedule (their `OptimConfig`); with it, every
     RL step of the same model config, objective, draw shape and key shares one program (all

@@ -1,25 +1,27 @@
 """Stages `grpo` and `rcgrpo`: rollouts → fused train steps → eval → checkpoints → HF export.
 
-One RL iteration (`run`'s loop), each step a function below:
-1. `roll_out`: draw P prompts from `rl.prompt_split` (seeded by iteration: resume needs no
-   iterator state), give each rollout its reward token (`round_reward_tokens`: RC-GRPO
-   r_j ~ P_sample(r), GRPO `rl.grpo_token`; the previous iteration's fused step drew them,
-   else the same draw on the host), run the P × G multi-turn rollouts (KV cache kept across
-   turns) and score them in the environment; with `rl.dynamic_sampling`, drop the groups whose
-   rewards are all equal and draw more, at most `rl.dynamic_max_rounds` rounds (`fill_groups`).
-2. `update`: the kept groups laid out as P (`train_batch`: any short of P masked out, so the
+One RL iteration (`run`'s loop), six steps, each a function below:
+1-3. `roll_out`: (1) draw P prompts from `rl.prompt_split` (seeded by iteration: resume needs
+   no iterator state) and each rollout's reward token (`round_reward_tokens`: RC-GRPO
+   r_j ~ P_sample(r), GRPO `rl.grpo_token`; those the previous iteration's fused step drew,
+   else the same draw on the host); (2) run the P × G multi-turn rollouts (KV cache kept
+   across turns), scored by the environment; (3) select the groups: with `rl.dynamic_sampling`
+   drop those whose rewards are all equal and draw more, at most `rl.dynamic_max_rounds`
+   rounds (`fill_groups`).
+4. `train_on`: the kept groups laid out as P (`train_batch`: any short of P masked out, so the
    step never recompiles for their number), then `rl.epochs` × `rl.minibatches` fused steps
    over whole groups, advantages and the loss `rl.objective` inside the step, each step also
-   drawing the next iteration's reward tokens. A minibatch without signal (all groups
-   degenerate) is not stepped: the step would leave the state untouched (`train.state`).
-   With `rl.shuffle_rewards` (the control) the rewards are permuted across the batch.
-3. `evaluation_point` / `evaluate`: held-out success at the start (the record of iteration 0),
+   drawing the next iteration's reward tokens. A minibatch without signal (`has_signal`: all
+   groups degenerate) is not stepped: the step would leave the state untouched
+   (`train.state`). With `rl.shuffle_rewards` (the control) the rewards are permuted.
+5. `evaluation_due` / `evaluate`: held-out success at the start (the record of iteration 0),
    at the budget points (`rl.eval_points`), every `rl.eval_every` iterations and at the end,
    always under one token (`evaluation_token`), greedy and, at the start and the end, the mean
    of `eval.samples` samples per entry.
-4. record (`rl_report`): the iteration's metrics (with the first update's rollout-trainer
-   agreement), its rollouts.jsonl record and a checkpoint every `rl.checkpoint_every`; at the
-   end an HF export, the dynamics plot, summary.json and the end line.
+6. `Records.iteration`: the iteration's metrics (`rl_report`; with the first update's
+   rollout-trainer agreement), its rollouts.jsonl record and a checkpoint every
+   `rl.checkpoint_every`; at the end (`finish`) an HF export, the dynamics plot, summary.json
+   and the end line.
 
 Every generated trajectory counts against `rl.max_rollouts` (default: steps × P × G): the run
 ends when the budget is spent (fewer than G trajectories left) or after `rl.steps` iterations,
@@ -67,6 +69,7 @@ from rcgrpo_jax.rl.losses import objective_from_config
 from rcgrpo_jax.rl.rollout import Rollouts, RolloutSettings, collect, concat_groups
 from rcgrpo_jax.rl.train_step import NEXT_REWARD_TOKENS, make_rl_step, sequence_logprobs
 from rcgrpo_jax.stages import rl_report, setup
+from rcgrpo_jax.stages.rl_report import Generated, Update
 from rcgrpo_jax.train import plots
 from rcgrpo_jax.train.metrics import JsonlLog, MetricsWriter, writing
 from rcgrpo_jax.train.state import TrainState, batch_sharding
@@ -130,9 +133,9 @@ class RunContext:
     step, the frozen KL reference (None without KL) and the trajectory budget with its
     evaluation points."""
 
-    config: ml_collections.ConfigDict
+    config: ml_collections.ConfigDict  # the run's whole config
     algo: str
-    cfg: ModelConfig
+    cfg: ModelConfig  # the policy model's
     tokenizer: Any
     mesh: jax.sharding.Mesh
     env: Environment
@@ -162,9 +165,9 @@ class RunContext:
     def minibatches(self) -> int:
         return int(self.rl.minibatches)
 
-    def spent(self, generated: int) -> bool:
-        """Whether `generated` trajectories leave less than one group of the budget."""
-        return self.budget - generated < self.group_size
+    def spent(self, trajectories: int) -> bool:
+        """Whether `trajectories` generated leave less than one group of the budget."""
+        return self.budget - trajectories < self.group_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,36 +183,21 @@ class _Round:
 
 
 @dataclasses.dataclass(frozen=True)
-class Generated:
-    """An iteration's rollouts, every round's groups in order: their entries, which groups
-    the update trains on (`trained`, [groups] bool) and how many trajectories they cost."""
+class Evaluation:
+    """A held-out measurement due after an iteration: the budget point it stands for (-1: a
+    periodic one only, `rl.eval_every`) and whether its sampled half runs too (the end)."""
 
-    entries: list[Entry]
-    rollouts: Rollouts
-    trained: np.ndarray
-    count: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Update:
-    """An iteration's update: the new state, each applied step's metrics, the update calls the
-    batch planned (applied or not), the next iteration's reward tokens as the step drew them
-    (None: no step ran) and the seconds it took."""
-
-    state: TrainState
-    step_metrics: list[dict[str, Any]]
-    planned: int
-    next_reward_tokens: np.ndarray | None
-    seconds: float
+    budget_point: int
+    sampled: bool
 
 
 def _prepare(config: ml_collections.ConfigDict, algo: str) -> tuple[RunContext, setup.Training]:
     """The run's fixed parts and its training set-up (a restored or fresh state)."""
     rl = config.rl
-    start = setup.with_reward_tokens(setup.start(config, rl.init_from))
+    initial = setup.with_reward_tokens(setup.start(config, rl.init_from))
     env = setup.environment(config)
     train_pool = setup.fitting_entries(
-        env, setup.task_entries(config, rl.prompt_split), start.tokenizer,
+        env, setup.task_entries(config, rl.prompt_split), initial.tokenizer,
         config.model.chat_format, int(rl.max_len),
         f"{rl.prompt_split}-split entries for rl.max_len",
     )  # fmt: skip
@@ -217,12 +205,13 @@ def _prepare(config: ml_collections.ConfigDict, algo: str) -> tuple[RunContext, 
     if config.eval.max_entries:
         test_pool = test_pool[: int(config.eval.max_entries)]
     # the schedule's default length: a plain run's updates
-    training = setup.training(config, rl, start, plain_iterations(rl) * _updates_per_iteration(rl))
+    updates = plain_iterations(rl) * _updates_per_iteration(rl)
+    training = setup.training(config, rl, initial, updates)
     objective = objective_from_config(rl)
     reward_token_draw = token_draw(algo, rl, config.seed)
     step_fn = make_rl_step(
         training.cfg, objective, training.optimizer, reward_token_draw=reward_token_draw,
-        mesh=start.mesh, shardings=training.shardings, grad_accum=training.optim.grad_accum,
+        mesh=initial.mesh, shardings=training.shardings, grad_accum=training.optim.grad_accum,
         schedule=training.schedule, key=training.optim,
     )  # fmt: skip
     settings = RolloutSettings(
@@ -234,10 +223,10 @@ def _prepare(config: ml_collections.ConfigDict, algo: str) -> tuple[RunContext, 
     )  # fmt: skip
     budget = rollout_budget(rl)
     ctx = RunContext(
-        config=config, algo=algo, cfg=training.cfg, tokenizer=start.tokenizer, mesh=start.mesh,
+        config=config, algo=algo, cfg=training.cfg, tokenizer=initial.tokenizer, mesh=initial.mesh,
         env=env, train_pool=train_pool, test_pool=test_pool, settings=settings,
         reward_token_draw=reward_token_draw, step_fn=step_fn,
-        ref_params=start.params if objective.kl_beta > 0 else None, budget=budget,
+        ref_params=initial.params if objective.kl_beta > 0 else None, budget=budget,
         points=budget_points(budget, int(rl.eval_points)) if rl.eval_points else (),
         microbatches=training.optim.grad_accum,
     )  # fmt: skip
@@ -288,7 +277,7 @@ def roll_out(
         entries=[e for r in filled.rounds for e in r.entries],
         rollouts=concat_groups([r.rollouts for r in filled.rounds]),
         trained=np.concatenate(filled.trained),
-        count=filled.generated,
+        trajectories=filled.generated,
     )
 
 
@@ -307,10 +296,18 @@ def train_batch(ctx: RunContext, generated: Generated, iteration: int) -> dict[s
     return batch
 
 
-def update(ctx: RunContext, state: TrainState, generated: Generated, iteration: int) -> Update:
+def has_signal(minibatch: dict[str, np.ndarray]) -> bool:
+    """Whether an update's minibatch holds a group that carries signal: one of its valid groups
+    (`group_mask`) has rewards that differ. Without one the fused step computes the update and
+    leaves the state untouched (`train.state`), so the loop does not call it."""
+    valid = np.asarray(minibatch["group_mask"]) > 0
+    return bool((~np.asarray(degenerate_groups(minibatch["rewards"]))[valid]).any())
+
+
+def train_on(ctx: RunContext, state: TrainState, generated: Generated, iteration: int) -> Update:
     """Step 4 of an iteration: `rl.epochs` x `rl.minibatches` fused steps over the trained
-    groups (advantages computed inside the step), skipping a minibatch without signal (the step
-    would leave the state untouched); each step also draws the next iteration's reward tokens."""
+    groups (advantages computed inside the step), skipping a minibatch without signal; each step
+    also draws the next iteration's reward tokens (every step of an iteration the same ones)."""
     t0 = time.perf_counter()
     step_metrics: list[dict[str, Any]] = []
     planned, next_reward_tokens = 0, None
@@ -325,28 +322,28 @@ def update(ctx: RunContext, state: TrainState, generated: Generated, iteration: 
                 inputs = {k: _global(v, ctx.mesh) for k, v in minibatch.items()}
                 state, metrics = ctx.step_fn(state, inputs)
                 metrics = distributed.host_tree(metrics)
-                next_reward_tokens = metrics.pop(
-                    NEXT_REWARD_TOKENS
-                )  # every step's draw is the same
+                next_reward_tokens = metrics.pop(NEXT_REWARD_TOKENS)
                 step_metrics.append(metrics)
     return Update(state, step_metrics, planned, next_reward_tokens, time.perf_counter() - t0)
 
 
-def evaluation_point(ctx: RunContext, iteration: int, before: int, generated: int) -> int | None:
-    """Step 5: whether held-out success is measured after `iteration` (counted from 1), whose
-    rollouts took the total from `before` to `generated` trajectories; the budget point the
-    measurement stands for (a spent budget: the last), -1 for a periodic one only
-    (`rl.eval_every`), None for none."""
+def evaluation_due(ctx: RunContext, iteration: int, before: int, total: int) -> Evaluation | None:
+    """Step 5: the held-out measurement due after `iteration` (counted from 1), whose rollouts
+    took the trajectories generated from `before` to `total`, or None. Due at each budget point
+    first reached (a spent budget stands for the last), every `rl.eval_every` iterations and at
+    the run's end; its sampled half at the end only."""
     rl, points = ctx.rl, ctx.points
-    spent = ctx.spent(generated)
+    spent = ctx.spent(total)
     last = spent or iteration == int(rl.steps)
     periodic = bool(rl.eval_every) and iteration % int(rl.eval_every) == 0
-    new_point = reached(points, generated) > reached(points, before)
+    new_point = reached(points, total) > reached(points, before)
     if not (periodic or new_point or (last and (rl.eval_every or points))):
         return None
     if spent and points:
-        return len(points)
-    return reached(points, generated) if new_point else -1
+        point = len(points)
+    else:
+        point = reached(points, total) if new_point else -1
+    return Evaluation(budget_point=point, sampled=last)
 
 
 def evaluate(ctx: RunContext, params: Params, sampled: bool = True) -> dict[str, float]:
@@ -357,6 +354,59 @@ def evaluate(ctx: RunContext, params: Params, sampled: bool = True) -> dict[str,
     )  # fmt: skip
 
 
+class Records:
+    """Step 6, and what `run` reads back: the metrics writer (process 0 alone writes), the
+    rollouts log, the checkpointer and the records of the run so far (`history`: those a
+    resumed run kept, then each new one)."""
+
+    def __init__(
+        self, stack: contextlib.ExitStack, ctx: RunContext, training: setup.Training, first: int
+    ) -> None:
+        self.checkpointer = training.checkpointer
+        stack.callback(self.checkpointer.close)  # last out: waits for the final save
+        self.writer = stack.enter_context(
+            MetricsWriter(
+                training.workdir,
+                # at one round each (a dynamic arm may end sooner)
+                total_steps=plain_iterations(ctx.rl),
+                initial_step=first,
+                desc=ctx.algo,
+                bar_keys=("reward_mean", "degenerate_frac", "eval_success"),
+            )
+        )
+        self.rollouts: JsonlLog | None = None
+        if distributed.is_main_process():
+            self.rollouts = JsonlLog(training.workdir / "rollouts.jsonl", "iteration", first)
+            stack.callback(self.rollouts.close)
+        self.history = list(self.writer.previous)
+
+    def started(self) -> bool:
+        """Whether the start's evaluation is recorded. Process 0 alone holds the records: every
+        process must take the same path into the evaluation's collectives, so all go by its
+        answer."""
+        (started,), *_ = distributed.allgather_objects([any(r["step"] == 0 for r in self.history)])
+        return bool(started)
+
+    def write(self, step: int, record: dict[str, Any]) -> None:
+        self.history.append(self.writer.write(step, record))
+
+    def iteration(
+        self, done: int, record: dict[str, Any], generated: Generated, state: TrainState,
+        total: int,
+    ) -> None:  # fmt: skip
+        """Iteration `done`'s rollouts and metrics, and its checkpoint where one is due."""
+        if self.rollouts is not None:
+            self.rollouts.append(rl_report.rollout_log_record(done, generated))
+            rl_report.warn_env_errors(done, generated.rollouts.errors)
+        self.write(done, record)
+        self.save(done, state, total)
+
+    def save(self, done: int, state: TrainState, total: int, force: bool = False) -> None:
+        """A checkpoint after iteration `done` (every `rl.checkpoint_every`; `force`: now)."""
+        data = {"iteration": done, "generated_rollouts": total}
+        self.checkpointer.save(done, state, data, force=force)
+
+
 def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
     """Runs the stage; its end line starts with `name` (default: the stage's)."""
     algo = config.stage
@@ -365,67 +415,50 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
     rl = config.rl
     _check(rl, algo)
     ctx, training = _prepare(config, algo)
-    state, ckpt = training.state, training.checkpointer
-    start = int(training.data_state.get("iteration", 0))
-    # a checkpoint without the count: made when every iteration generated P x G
-    # the trajectories generated so far, which the budget counts
+    state = training.state
+    first = int(training.data_state.get("iteration", 0))  # a resumed run's next iteration
+    # The trajectories generated so far, which the budget counts (a checkpoint without the
+    # count was made when every iteration generated P x G).
     per_round = ctx.num_prompts * ctx.group_size
-    total = int(training.data_state.get("generated_rollouts", start * per_round))
-    main = distributed.is_main_process()
+    total = int(training.data_state.get("generated_rollouts", first * per_round))
     with contextlib.ExitStack() as stack:
-        stack.callback(ckpt.close)  # last out: waits for the final save
-        writer = stack.enter_context(
-            MetricsWriter(
-                training.workdir,
-                # at one round each (a dynamic arm may end sooner)
-                total_steps=plain_iterations(rl),
-                initial_step=start,
-                desc=algo,
-                bar_keys=("reward_mean", "degenerate_frac", "eval_success"),
-            )
-        )
-        rollout_log = None
-        if main:
-            rollout_log = JsonlLog(training.workdir / "rollouts.jsonl", "iteration", start)
-            stack.callback(rollout_log.close)
-        history = list(writer.previous)
-        done = start
-        # The start, under the same token as every later evaluation (once: a run killed before
-        # its first checkpoint resumes at 0 with this record kept). Process 0 alone holds the
-        # records: every process must take the same path into the evaluation's collectives, so
-        # they go by its answer.
-        (started,), *_ = distributed.allgather_objects([any(r["step"] == 0 for r in history)])
-        if start == 0 and (rl.eval_every or ctx.points) and not started:
-            record = {**evaluate(ctx, state.params), "rollouts": 0, "budget_point": 0}
-            history.append(writer.write(0, record))
+        records = Records(stack, ctx, training, first)
+        done = first
+        # the start, under the same token as every later evaluation (once: a run killed before
+        # its first checkpoint resumes at 0 with this record kept)
+        if first == 0 and (rl.eval_every or ctx.points) and not records.started():
+            records.write(0, {**evaluate(ctx, state.params), "rollouts": 0, "budget_point": 0})
         next_reward_tokens = None  # drawn by the last step; None: drawn on the host
-        for iteration in range(start, int(rl.steps)):
+        for iteration in range(first, int(rl.steps)):
             if ctx.spent(total):
                 break
             generated = roll_out(
                 ctx, state.params, iteration, ctx.budget - total, next_reward_tokens
             )
-            upd = update(ctx, state, generated, iteration)
-            state, next_reward_tokens = upd.state, upd.next_reward_tokens
-            before, total = total, total + generated.count
+            update = train_on(ctx, state, generated, iteration)
+            state, next_reward_tokens = update.state, update.next_reward_tokens
+            before, total = total, total + generated.trajectories
             done = iteration + 1
-            record = rl_report.iteration_record(upd, generated, total)
-            if rollout_log is not None:
-                rollout_log.append(rl_report.rollout_log_record(done, generated))
-                rl_report.warn_env_errors(done, generated.rollouts.errors)
-            point = evaluation_point(ctx, done, before, total)
-            if point is not None:
-                last = ctx.spent(total) or done == int(rl.steps)
-                record.update(evaluate(ctx, state.params, sampled=last))
-                record["budget_point"] = point
-            history.append(writer.write(done, record))
-            ckpt.save(done, state, {"iteration": done, "generated_rollouts": total})
-        ckpt.save(done, state, {"iteration": done, "generated_rollouts": total}, force=True)
+            record = rl_report.iteration_record(update, generated, total)
+            due = evaluation_due(ctx, done, before, total)
+            if due is not None:
+                record.update(evaluate(ctx, state.params, sampled=due.sampled))
+                record["budget_point"] = due.budget_point
+            records.iteration(done, record, generated, state, total)
+        records.save(done, state, total, force=True)
+    return finish(ctx, training, state, records.history, done, total, name or algo)
 
+
+def finish(
+    ctx: RunContext, training: setup.Training, state: TrainState, history: list[dict[str, Any]],
+    done: int, total: int, name: str,
+) -> dict[str, Any]:  # fmt: skip
+    """The run's end: summary.json (with the curve over the budget), the HF export, the dynamics
+    plot and the end line starting with `name`; returns the summary."""
     ended = "budget" if ctx.spent(total) else "steps"  # rl.steps capped the run
     curve = Curve.from_records(history, ctx.budget)
     summary = {
-        "stage": algo,
+        "stage": ctx.algo,
         "iterations": done,
         "generated_rollouts": total,
         "budget": ctx.budget,
@@ -436,27 +469,13 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
         "final": history[-1] if history else {},
     }
     line = ""  # process 0 alone writes the plot and prints (and has the metrics file)
-    if main:
+    if distributed.is_main_process():
         workdir = training.workdir
         with writing(workdir / "dynamics.png"):
             plots.plot_metrics(
-                {algo: workdir / "metrics.jsonl"}, DYNAMICS_KEYS, workdir / "dynamics.png"
+                {ctx.algo: workdir / "metrics.jsonl"}, DYNAMICS_KEYS, workdir / "dynamics.png"
             )
-        line = rl_report.end_line(
-            name or algo,
-            rl_report.run_stats(workdir, ctx.budget),
-            total,
-            ended,
-            int(rl.steps),
-            ctx.budget,
-        )
+        stats = rl_report.run_stats(workdir, ctx.budget)
+        line = rl_report.end_line(name, stats, total, ended, int(ctx.rl.steps), ctx.budget)
     setup.finish(training, state.params, summary, line)
     return summary
-
-
-def has_signal(generated: dict[str, np.ndarray]) -> bool:
-    """Whether an update's generated holds a group that carries signal: one of its valid groups
-    (`group_mask`) has rewards that differ. Without one the fused step computes the update and
-    leaves the state untouched (`train.state`), so the loop does not call it."""
-    valid = np.asarray(generated["group_mask"]) > 0
-    return bool((~np.asarray(degenerate_groups(generated["rewards"]))[valid]).any())

@@ -5,6 +5,7 @@ and the statistics stage `all` and `tools.seeds` read back from metrics.jsonl (`
 from __future__ import annotations
 
 import collections
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,34 @@ from rcgrpo_jax.stages.eval import measure_success
 from rcgrpo_jax.train.metrics import read_jsonl
 
 if TYPE_CHECKING:
-    from rcgrpo_jax.stages.rl import Generated, Update
+    from rcgrpo_jax.envs.entries import Entry
+    from rcgrpo_jax.rl.rollout import Rollouts
+    from rcgrpo_jax.train.state import TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    """An iteration's rollouts, every round's groups in order: their entries, which groups
+    the update trains on (`trained`, [groups] bool) and how many trajectories they cost."""
+
+    entries: list[Entry]
+    rollouts: Rollouts
+    trained: np.ndarray
+    trajectories: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Update:
+    """An iteration's update: the new state, each applied step's metrics, the update calls the
+    batch planned (applied or not), the next iteration's reward tokens as the step drew them
+    (None: no step ran) and the seconds it took."""
+
+    state: TrainState
+    step_metrics: list[dict[str, Any]]
+    planned: int
+    next_reward_tokens: np.ndarray | None
+    seconds: float
+
 
 KIND_KEYS = {"eval_success": "eval_by_kind/", "eval_sampled": "eval_sampled_by_kind/"}
 
@@ -94,13 +122,14 @@ def run_stats(workdir: Path, budget: int) -> dict[str, Any]:
     return out
 
 
-def iteration_record(upd: Update, generated: Generated, total: int) -> dict[str, float]:
+def iteration_record(update: Update, generated: Generated, total: int) -> dict[str, float]:
     """Per-iteration metrics: group statistics from every generated rollout (recomputable from
     rollouts.jsonl), loss-side values averaged over the iteration's applied updates (of the
     planned calls), except the rollout-trainer agreement (`logp_gap_*`, `ratio_dev_max`): the
     first update's, whose params are still the sampler's (a later update's gap is the policy's
     own change); the trajectories generated, the groups trained on and the running total."""
-    step_metrics, planned, ro = upd.step_metrics, upd.planned, generated.rollouts
+    step_metrics, planned = update.step_metrics, update.planned
+    rollouts = generated.rollouts
     means = collections.defaultdict(lambda: float("nan"))  # no update: no loss-side values
     first = collections.defaultdict(lambda: float("nan"))
     if step_metrics:
@@ -108,9 +137,11 @@ def iteration_record(upd: Update, generated: Generated, total: int) -> dict[str,
             summarize({k: np.mean([float(m[k]) for m in step_metrics]) for k in step_metrics[0]})
         )
         first.update(summarize(step_metrics[0]))
-    rewards, rt = ro.rewards, ro.reward_token
-    with_token = lambda t: float(rewards[rt == t].mean()) if (rt == t).any() else float("nan")
-    total_s = ro.stats["rollout_s"] + upd.seconds
+    rewards, reward_token = rollouts.rewards, rollouts.reward_token
+    with_token = lambda t: (
+        float(rewards[reward_token == t].mean()) if (reward_token == t).any() else float("nan")
+    )
+    total_s = rollouts.stats["rollout_s"] + update.seconds
     return {
         "loss": means["loss"],
         "grad_norm": means["grad_norm"],
@@ -132,15 +163,15 @@ def iteration_record(upd: Update, generated: Generated, total: int) -> dict[str,
         "logp_gap_mean": first["logp_gap_mean"],
         "logp_gap_max": first["logp_gap_max"],
         "ratio_dev_max": first["ratio_dev_max"],
-        "rollout_s": ro.stats["rollout_s"],
-        "update_s": upd.seconds,
-        "sampled_tokens": ro.stats["sampled_tokens"],
-        "prefill_tokens": ro.stats["prefill_tokens"],
-        "tokens_per_s": ro.stats["trajectory_tokens"] / max(total_s, 1e-9),
-        "truncated": ro.stats["truncated"],
-        "env_errors": ro.stats["env_errors"],
+        "rollout_s": rollouts.stats["rollout_s"],
+        "update_s": update.seconds,
+        "sampled_tokens": rollouts.stats["sampled_tokens"],
+        "prefill_tokens": rollouts.stats["prefill_tokens"],
+        "tokens_per_s": rollouts.stats["trajectory_tokens"] / max(total_s, 1e-9),
+        "truncated": rollouts.stats["truncated"],
+        "env_errors": rollouts.stats["env_errors"],
         **({"lr": means["lr"]} if "lr" in means else {}),
-        "generated_rollouts": float(generated.count),
+        "generated_rollouts": float(generated.trajectories),
         "trained_groups": float(generated.trained.sum()),
         "rollouts": total,
     }
@@ -150,15 +181,15 @@ def rollout_log_record(iteration: int, generated: Generated) -> dict[str, Any]:
     """rollouts.jsonl's record of an iteration: per group its entry, reward tokens, rewards,
     the process that ran each row's environment, the rows' environment errors and whether the
     update trained on it."""
-    ro = generated.rollouts
-    p, g = ro.rewards.shape
+    rollouts = generated.rollouts
+    p, g = rollouts.rewards.shape
     return {
         "iteration": iteration,
         "entry_ids": [e.id for e in generated.entries],
-        "reward_token": ro.reward_token.tolist(),
-        "rewards": ro.rewards.tolist(),
-        "env_process": ro.env_process.tolist(),
-        "env_errors": [ro.errors[i * g : (i + 1) * g] for i in range(p)],
+        "reward_token": rollouts.reward_token.tolist(),
+        "rewards": rollouts.rewards.tolist(),
+        "env_process": rollouts.env_process.tolist(),
+        "env_errors": [rollouts.errors[i * g : (i + 1) * g] for i in range(p)],
         "trained": generated.trained.tolist(),
     }
 
