@@ -22,9 +22,14 @@ def _run(root: Path, *, loss: float = 0.5, wall: float = 1.0, weights: bytes = b
 
 def test_timings_and_workdir_do_not_count(tmp_path):
     a = _run(tmp_path / "a", wall=1.0)
-    b = _run(tmp_path / "b", wall=7.5)
+    b = _run(tmp_path / "runs" / "b", wall=7.5)
     assert compare_runs.differences(a, b) == []
     assert compare_runs.main([str(a), str(b)]) == 0
+    # a run given a relative workdir names its paths relative to where it ran
+    summary = b / "arm" / "summary.json"
+    summary.write_text(summary.read_text().replace(str(tmp_path) + "/", ""))
+    assert "runs/b/arm/export" in summary.read_text()
+    assert compare_runs.differences(a, b) == []
 
 
 def test_a_changed_result_or_file_is_named(tmp_path, capsys):

@@ -7,10 +7,10 @@ Compared byte for byte: exported weights, tokenizers, every file but those below
 (ArrayRecord): example by example, decoded (a record's bytes order its features by chance). JSON
 and JSON lines (metrics, rollouts, summaries): equal after dropping the keys that measure time or
 speed (`VOLATILE`, at any depth). Text: equal after dropping the figures of timing phrases. In
-every string the run's own directory reads as `<run>`, so two workdirs compare. Not compared:
-checkpoints (their bytes carry save metadata; the export is the same weights), TensorBoard event
-files and PNG plots (timestamps). Prints one line per differing file and exits 1 if any differs
-or either run has a file the other lacks.
+every string the run's own directory (absolute, or as the run named it) reads as `<run>`, so
+two workdirs compare. Not compared: checkpoints (their bytes carry save metadata; the export is
+the same weights), TensorBoard event files and PNG plots (timestamps). Prints one line per
+differing file and exits 1 if any differs or either run has a file the other lacks.
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ def _strip(value: Any, root: Path) -> Any:
     if isinstance(value, list):
         return [_strip(v, root) for v in value]
     if isinstance(value, str):
-        return _TIMING.sub("<t>", value.replace(str(root), "<run>"))
+        value = value.replace(str(root), "<run>")
+        # the same directory as the run named it (a relative workdir: runs/tiny/sft/export)
+        value = re.sub(rf"[^\s'\"]*\b{re.escape(root.name)}(?=/)", "<run>", value)
+        return _TIMING.sub("<t>", value)
     return value
 
 
