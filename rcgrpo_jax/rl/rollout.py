@@ -135,13 +135,18 @@ def collect(
         token = None if int(reward_tokens[i, j]) == NONE else int(reward_tokens[i, j])
         opener = functools.partial(_open, env, entries[i], token, settings, tokenizer)
         opened = _guarded(errors, r, entries[i], opener)
-        # [ok, *prompt]: a row whose environment could not be built starts (and at once ends)
-        # on one token, never sampled from
-        episodes[r], ids = opened or (None, [stops[0]])
-        local.append([int(opened is not None), *ids])
-    gathered = [row for part in distributed.allgather_rows(local) for row in part]  # row order
-    start = [row[1:] for row in gathered]
-    failed_at_start = [r for r, row in enumerate(gathered) if not row[0]]
+        if opened is None:  # starts (and at once ends) on one token, never sampled from
+            local.append(_Report(Outcome.FAILED, [stops[0]]))
+        else:
+            episodes[r], prompt_ids = opened
+            local.append(_Report(Outcome.APPEND, prompt_ids))
+    gathered = [
+        _Report.from_row(row)
+        for part in distributed.allgather_rows([x.to_row() for x in local])
+        for row in part
+    ]  # row order
+    start = [report.append for report in gathered]
+    failed_at_start = [r for r, x in enumerate(gathered) if x.outcome == Outcome.FAILED]
     too_long = [i for i, s in enumerate(start) if len(s) >= settings.max_len]
     if too_long:
         raise ValueError(
@@ -273,7 +278,8 @@ def _sample(
 
 
 class Outcome(enum.IntEnum):
-    """What became of a row after one assistant step and its environment step."""
+    """What became of a row after one assistant step and its environment step, or after its
+    episode was opened (APPEND its prompt, or FAILED)."""
 
     APPEND = 0  # the conversation goes on: tokens to append to the row's cache
     DONE = 1  # the episode ended
