@@ -80,13 +80,19 @@ def _content(path: Path, root: Path) -> Any:
     return path.read_bytes()
 
 
-def differences(a: Path, b: Path) -> list[str]:
-    """One line per file of `a` or `b` whose results differ, or that one run lacks."""
+def compare(a: Path, b: Path) -> tuple[list[str], int]:
+    """One line per file of `a` or `b` whose results differ, or that one run lacks; and how
+    many files the two runs hold together."""
     fa, fb = _files(a), _files(b)
     out = [f"only in {a}: {f}" for f in sorted(fa - fb)]
     out += [f"only in {b}: {f}" for f in sorted(fb - fa)]
     out += [f"differs: {f}" for f in sorted(fa & fb) if _content(a / f, a) != _content(b / f, b)]
-    return out
+    return out, len(fa | fb)
+
+
+def differences(a: Path, b: Path) -> list[str]:
+    """`compare`'s lines alone."""
+    return compare(a, b)[0]
 
 
 def main(argv: list[str]) -> int:
@@ -98,10 +104,9 @@ def main(argv: list[str]) -> int:
         if not path.is_dir():
             print(f"error: {path} is not a directory", file=sys.stderr)
             return 2
-    found = differences(a, b)
+    found, n = compare(a, b)
     for line in found:
         print(line)
-    n = len(_files(a) | _files(b))
     print(f"{n - len(found)} of {n} files the same" + ("" if found else ": the runs agree"))
     return 1 if found else 0
 
