@@ -108,15 +108,42 @@ def tokenizer_root() -> Path:
     return root
 
 
-def make_hf_model(kind: str, path: Path, *, tied: bool = False, layers: int = 2, seed: int = 0):
-    """A tiny random transformers model saved with save_pretrained; returns the torch model.
+# What each family's tiny test checkpoint sets beyond the shared shape (`make_hf_model`); a
+# family without an entry gets its transformers config class's defaults. LLaMA: llama3 rope
+# scaling with an original context shorter than the test sequences, so the scaling matters.
+# Qwen3: head_dim 16 != hidden / heads (8), as its real checkpoints have (128 != 1024 / 16),
+# and weights drawn wider than the 0.02 default, so that greedy generation from the tied model
+# does not repeat one token (its head is its embedding).
+HF_TEST_CONFIGS = {
+    "qwen2": {"rope_theta": 1e6},
+    "llama": {
+        "rope_theta": 5e5,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    },
+    "qwen3": {"rope_theta": 1e6, "head_dim": 16, "initializer_range": 0.1},
+}
 
-    kind: "qwen2" (q/k/v biases, GQA 8 heads / 2 KV heads) or "llama" (llama3 rope scaling with an
-    original context shorter than the test sequences, so the scaling matters). Biases and norm
-    scales are perturbed away from their zero/one init so that mapping errors show in the logits.
-    """
+
+def hf_model_names() -> list[str]:
+    """The `hf_models` names: every family of `models.families`, untied and "<family>_tied"."""
+    from rcgrpo_jax.models.families import FAMILIES
+
+    return [n for f in FAMILIES for n in (f, f"{f}_tied")]
+
+
+def make_hf_model(kind: str, path: Path, *, tied: bool = False, layers: int = 2, seed: int = 0):
+    """A tiny random transformers model of family `kind` (a `model_type` of
+    `models.families`; GQA 8 heads / 2 KV heads, `HF_TEST_CONFIGS` on top) saved with
+    save_pretrained; returns the torch model. Biases and norm scales (q/k norms included) are
+    perturbed away from their zero/one init so that mapping errors show in the logits."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
     common = dict(
@@ -129,22 +156,7 @@ def make_hf_model(kind: str, path: Path, *, tied: bool = False, layers: int = 2,
         max_position_embeddings=512,
         tie_word_embeddings=tied,
     )
-    if kind == "qwen2":
-        hf_cfg = Qwen2Config(rope_theta=1e6, **common)
-    elif kind == "llama":
-        hf_cfg = LlamaConfig(
-            rope_theta=5e5,
-            rope_scaling={
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 16,
-            },
-            **common,
-        )
-    else:
-        raise ValueError(kind)
+    hf_cfg = AutoConfig.for_model(kind, **common, **HF_TEST_CONFIGS.get(kind, {}))
     model = AutoModelForCausalLM.from_config(hf_cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -156,15 +168,12 @@ def make_hf_model(kind: str, path: Path, *, tied: bool = False, layers: int = 2,
 
 @pytest.fixture(scope="session")
 def hf_models(tmp_path_factory):
-    """{name: (torch_model, dir)} for qwen2 (untied), qwen2_tied and llama; built once."""
+    """{name: (torch_model, dir)} for `hf_model_names()` (e.g. "qwen2", "qwen2_tied"); built
+    once."""
     out = {}
-    for name, kind, tied in [
-        ("qwen2", "qwen2", False),
-        ("qwen2_tied", "qwen2", True),
-        ("llama", "llama", False),
-    ]:
+    for name in hf_model_names():
         d = tmp_path_factory.mktemp(name)
-        out[name] = (make_hf_model(kind, d, tied=tied), d)
+        out[name] = (make_hf_model(name.removesuffix("_tied"), d, tied=name.endswith("_tied")), d)
     return out
 
 

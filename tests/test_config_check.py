@@ -20,7 +20,9 @@ def test_every_declared_key_has_a_rule_and_every_rule_a_key():
     assert set(config_check.RULES) - keys == set()
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny_multiturn", "tiny_pretrain", "qwen7b", "llama8b"])
+@pytest.mark.parametrize(
+    "name", ["tiny", "tiny_multiturn", "tiny_pretrain", "qwen7b", "llama8b", "qwen3_8b"]
+)
 def test_shipped_configs_validate(name, tmp_path):
     c = shipped_config(name)
     if c.model.hf_path:  # the 7B/8B configs point at a checkpoint on the TPU VM
@@ -46,7 +48,7 @@ def test_cross_key_rules():
         config_check.validate(c)
 
 
-@pytest.mark.parametrize("family,bias", [("llama", True), ("qwen2", False)])
+@pytest.mark.parametrize("family,bias", [("llama", True), ("qwen2", False), ("qwen3", True)])
 def test_family_qkv_bias_mismatch_is_caught_before_training(family, bias, tmp_path):
     """What HF export refuses (`families.qkv_bias_mismatch`), said at config check instead."""
     from rcgrpo_jax import models

@@ -11,10 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_VOCAB
+from conftest import TINY_VOCAB, hf_model_names
 
-from rcgrpo_jax import models
-from rcgrpo_jax.models import attention, decoder, hf_io, sharding
+from rcgrpo_jax import models, sampling
+from rcgrpo_jax.models import attention, decoder, flops, hf_io, sharding
+from rcgrpo_jax.models.families import FAMILIES
 
 B, T = 3, 24
 # (2, 2, 2): every mesh axis > 1, the rows split over ("data", "fsdp") and the residual's embed
@@ -54,18 +55,48 @@ def max_diff(a, b, mask) -> float:
     return float(np.abs(np.asarray(a) - np.asarray(b))[mask.astype(bool)].max())
 
 
-@pytest.mark.parametrize("name", ["qwen2", "qwen2_tied", "llama"])
+@pytest.mark.parametrize("name", hf_model_names())
 def test_logits_match_transformers(hf_models, batch, name):
+    """Every family, tied and untied, read from transformers' own save: its config as the
+    family declares it, its parameter and matmul-weight counts as transformers' modules have
+    them (Qwen3's q/k norms in the first, not the second), and its logits."""
     model, path = hf_models[name]
     cfg, params = models.load_hf(path)
-    assert cfg.tie_embeddings == (name == "qwen2_tied")
-    assert cfg.qkv_bias == name.startswith("qwen2")
-    assert (cfg.rope_scaling is not None) == (name == "llama")
+    family = name.removesuffix("_tied")
+    assert cfg.family == family and cfg.tie_embeddings == name.endswith("_tied")
+    assert cfg.qkv_bias == FAMILIES[family].qkv_bias
+    assert (cfg.rope_scaling is not None) == (family == "llama")
+    assert ("q_norm" in params["layers"]["attn"]) == (family == "qwen3")
     assert cfg.num_kv_heads == 2 and cfg.num_heads == 8
+    assert cfg.head_dim == (16 if family == "qwen3" else 8)
+    assert cfg.num_params() == sum(p.numel() for p in model.parameters())
+    linear = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert flops.matmul_params(cfg) == sum(w.numel() for w in linear)
     tokens, mask = batch
     ours = models.forward(cfg, params, tokens, mask)
     assert ours.dtype == jnp.float32 and ours.shape == (B, T, TINY_VOCAB)
     assert max_diff(ours, torch_logits(model, tokens, mask), mask) <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_tied"])
+def test_greedy_generation_matches_transformers(hf_models, batch, name):
+    """`sampling.generate` at temperature 0 writes the tokens transformers' greedy `generate`
+    writes, on ragged prompts decoded together (the KV cache, q/k norms and rope at every
+    position past the prompt)."""
+    model, path = hf_models[name]
+    cfg, params = models.load_hf(path)
+    tokens, _ = batch
+    prompts = [[int(t) for t in tokens[i, :n]] for i, n in enumerate((5, 11, 19))]
+    out = sampling.generate(cfg, params, prompts, 12)
+    want = []
+    for p in prompts:
+        with torch.no_grad():
+            g = model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False,
+                               eos_token_id=None, pad_token_id=0)  # fmt: skip
+        want.append(g[0, len(p) :].tolist())
+    assert len({t for row in want for t in row}) >= 3  # not one token everywhere
+    assert np.asarray(out.lengths).tolist() == [12] * 3
+    assert np.asarray(out.tokens)[:, :12].tolist() == want
 
 
 def test_dense_vjp_equals_autodiff():
@@ -183,7 +214,9 @@ def test_head_chunk_bounds_logits_bytes():
         assert models.api.head_chunk(big, 64) == (1 << 30) // (4 * 16 * 76032) == 220
 
 
-@pytest.mark.parametrize("name, scan", [("qwen2_tied", True), ("llama", True), ("llama", False)])
+@pytest.mark.parametrize(
+    "name, scan", [("qwen2_tied", True), ("llama", True), ("llama", False), ("qwen3", True)]
+)
 def test_gradients_match_transformers(hf_models, batch, tmp_path, name, scan):
     """d(mean NLL)/d(every weight) equals PyTorch autograd on transformers' model; the torch
     gradients are saved as a checkpoint and read back by our loader, so names and layouts are
@@ -225,6 +258,52 @@ def test_gradients_match_transformers(hf_models, batch, tmp_path, name, scan):
         assert err <= 1e-4, (jax.tree_util.keystr(key), err)
 
 
+def test_family_declaration_is_what_config_json_is_read_and_written_by():
+    """An absent key takes the family's transformers default (Qwen3's head_dim is 128, not
+    hidden / heads as Qwen2's); what the family cannot run is refused in one line: a
+    sliding-window layer, attention biases, a rope type its checkpoints do not use."""
+    base = {"model_type": "qwen3", "vocab_size": 64, "hidden_size": 1024,
+            "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 16,
+            "num_key_value_heads": 8}  # fmt: skip
+    cfg = hf_io.config_from_hf(base)
+    assert (cfg.head_dim, cfg.qkv_bias, cfg.family_spec.qk_norm) == (128, False, True)
+    assert hf_io.config_from_hf(dict(base, model_type="qwen2")).head_dim == 1024 // 16
+    out = hf_io.config_to_hf(cfg, "float32")
+    assert out["architectures"] == ["Qwen3ForCausalLM"] and out["attention_bias"] is False
+    assert hf_io.config_from_hf(out) == cfg
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 16}  # fmt: skip
+    bad = [
+        ({"layer_types": ["full_attention", "sliding_attention"]},
+         "layer_types sliding_attention not supported"),
+        ({"use_sliding_window": True}, "use_sliding_window=true is not supported"),
+        ({"attention_bias": True}, "qwen3 attention_bias not supported"),
+        ({"rope_parameters": llama3}, "rope type 'llama3' is not supported for qwen3"),
+    ]  # fmt: skip
+    for extra, message in bad:
+        with pytest.raises(models.CheckpointError, match=message) as e:
+            hf_io.config_from_hf(dict(base, **extra))
+        assert "\n" not in str(e.value)
+    assert hf_io.config_from_hf(dict(base, model_type="llama", rope_parameters=llama3))
+
+
+def test_weights_declare_the_dtype_they_are_read_in():
+    """`Weight.stored_dtype`: norm scales, Qwen3's per-head q/k norms over head_dim included,
+    are read as stored (f32) by the layers and kept so in the sampler's copy; every other
+    weight is read in the compute dtype (bf16)."""
+    cfg = models.ModelConfig(64, 32, 64, 1, 4, 2, 8, family="qwen3", dtype="bfloat16")
+    params = models.init_params(cfg, jax.random.key(0))
+    assert params["layers"]["attn"]["q_norm"]["scale"].shape == (1, 8)
+    read = decoder.layer_weights(cfg, jax.tree.map(lambda w: w[0], params["layers"]))
+    copy = models.sampler_params(cfg, params)
+    shapes = models.sampler_param_shapes(cfg)
+    assert jax.tree.map(lambda x: x.dtype, copy) == jax.tree.map(lambda s: s.dtype, shapes)
+    for layer in (read, copy["layers"][0], shapes["layers"][0]):
+        for norm in (layer["attn"]["q_norm"], layer["attn"]["k_norm"], layer["mlp_norm"]):
+            assert norm["scale"].dtype == jnp.float32
+        assert layer["attn"]["wq"].dtype == layer["mlp"]["w_up"].dtype == jnp.bfloat16
+
+
 def test_right_padding_matches_unpadded(hf_models):
     """A right-padded row gives the logits of the same tokens alone (positions unaffected)."""
     _, path = hf_models["llama"]
@@ -236,7 +315,7 @@ def test_right_padding_matches_unpadded(hf_models):
     np.testing.assert_allclose(padded[:, :10], alone, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["qwen2", "qwen2_tied", "llama"])
+@pytest.mark.parametrize("name", hf_model_names())
 def test_save_hf_round_trip(hf_models, batch, tmp_path, name):
     from transformers import AutoModelForCausalLM
 
@@ -295,12 +374,14 @@ def test_sharded_forward_equal_across_meshes(hf_models, batch8, mesh_shape):
     np.testing.assert_allclose(np.asarray(out), np.asarray(reference), atol=1e-5, rtol=0)
 
 
-def test_sharded_gradients_equal_unsharded(hf_models, batch8):
+@pytest.mark.parametrize("name", ["qwen2_tied", "qwen3"])
+def test_sharded_gradients_equal_unsharded(hf_models, batch8, name):
     """The training loss's log-probs and gradients (`token_logprobs`, head chunks included) on
     the (2, 2, 2) mesh equal the unsharded ones: the backward has matmuls of its own (dX of
     every projection and of the head) for the partitioner to get wrong. Tied embeddings: the
-    head is the transposed embedding, so both of its uses are checked."""
-    _, path = hf_models["qwen2_tied"]
+    head is the transposed embedding, so both of its uses are checked. Qwen3: the per-head
+    q/k norms between the head-split projections and rope."""
+    _, path = hf_models[name]
     cfg, params = models.load_hf(path)
     tokens, mask = (jnp.asarray(x, jnp.int32) for x in batch8)
     positions = models.positions_from_mask(mask)

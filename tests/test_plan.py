@@ -16,7 +16,7 @@ import types
 
 import jax
 import pytest
-from conftest import REPO
+from conftest import REPO, shipped_config
 
 from rcgrpo_jax import config_check, distributed, models, planning
 from rcgrpo_jax.config import base_config
@@ -195,6 +195,30 @@ def test_paper_model_presets():
     assert 8.0e9 < llama.num_params() < 8.1e9 and llama.rope_scaling is not None
 
 
+def test_qwen3_presets():
+    """Qwen3's published sizes (total / non-embedding): 8B 8.19 / 6.95 B untied, 0.6B 0.60 /
+    0.44 B tied, its head_dim 128 wider than hidden / heads; q/k norms, no q/k/v biases."""
+    c = base_config()
+    sizes = {"Qwen3-8B": (8.19e9, 6.95e9, False), "Qwen3-4B": (4.02e9, 3.63e9, True),
+             "Qwen3-0.6B": (0.596e9, 0.440e9, True)}  # fmt: skip
+    for name, (total, body, tied) in sizes.items():
+        c.model.hf_path = f"/nonexistent/{name}"
+        cfg = planning.model_config(c)
+        embedding = cfg.vocab_size * cfg.hidden_size * (1 if tied else 2)
+        assert cfg.num_params() == pytest.approx(total, rel=2e-3), name
+        assert cfg.num_params() - embedding == pytest.approx(body, rel=2e-3), name
+        assert (cfg.family, cfg.tie_embeddings, cfg.qkv_bias) == ("qwen3", tied, False)
+        assert cfg.family_spec.qk_norm and (cfg.head_dim, cfg.num_kv_heads) == (128, 8)
+    assert planning.model_config(c).num_heads * 128 == 2 * 1024  # 0.6B: 16 heads of 128
+
+
+@pytest.mark.parametrize("name", ["qwen7b", "llama8b", "qwen3_8b"])
+def test_shipped_configs_write_their_familys_chat_format(name):
+    c = shipped_config(name)
+    cfg = planning.model_config(c)  # the preset the checkpoint directory names
+    assert c.model.chat_format == cfg.family_spec.chat_format
+
+
 def test_a_bf16_sampler_is_planned_without_the_cpus_f32_weight_copies():
     """XLA:CPU has no bf16 dot: compiled as is, the bf16 decode program's temporaries hold f32
     copies of the weights (more than their f32 bytes); the planner takes the temporaries from
@@ -346,6 +370,31 @@ def test_multi_host_signals():
         "num_processes": 2,
         "process_id": 1,
     }
+
+
+def test_the_planner_runs_qwen3_8b_on_its_default_topology(tmp_path):
+    """`python -m rcgrpo_jax.tools.plan --config=configs/qwen3_8b.py` with no --topology plans
+    the default slice (v5p-16: re-executed on 8 virtual devices) from the Qwen3-8B preset,
+    here at 1 layer and T = 1024, the train program only."""
+    out = tmp_path / "plan.json"
+    args = ["--config=configs/qwen3_8b.py", "--layers=1", "--seq=1024", "--programs=train",
+            f"--json={out}"]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop(cli._DEVICES_ENV, None)
+    # one CPU device, as a user's shell has (not the suite's 8)
+    xla = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env["XLA_FLAGS"] = " ".join(xla)
+    p = subprocess.run([sys.executable, "-m", "rcgrpo_jax.tools.plan", *args], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["topology"], row["mesh"], row["program"], row["fits"]) == (
+        "v5p-16",
+        "1x4x2",
+        "train",
+        True,
+    )
+    assert "model qwen3:1L/4096" in p.stdout
 
 
 def test_the_planner_fits_qwen7b_on_v6e_16_at_reduced_depth_a_chunk_of_rows_at_a_time(tmp_path):

@@ -1,4 +1,5 @@
-"""Model layer: one decoder for Qwen2.5 and LLaMA-3.1, HF checkpoint I/O, mesh sharding."""
+"""Model layer: one decoder for Qwen2.5, Qwen3 and LLaMA-3.1 (`families`), HF checkpoint I/O, mesh
+sharding."""
 
 from rcgrpo_jax.models.api import (
     SAMPLER_WEIGHTS,

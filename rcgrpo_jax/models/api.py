@@ -72,12 +72,6 @@ def param_shardings(cfg: ModelConfig, mesh: Mesh) -> Params:
 _SAMPLER_REPLICATE = ("data", "fsdp")
 
 
-def _keeps_dtype(axes: tuple[str, ...]) -> bool:
-    """Norm scales: the forward reads them in their own dtype (every other weight is cast to
-    the compute dtype where it is used, so casting it beforehand changes no value)."""
-    return axes[-1] == "norm"
-
-
 def _per_layer(cfg: ModelConfig, tree: Params, leaf) -> Params:
     """`tree` with its stacked `layers` [L, ...] as a tuple of L per-layer trees (`leaf` maps a
     stacked leaf to its per-layer one, the layer index as its second argument)."""
@@ -92,19 +86,20 @@ def _sampler_axes(cfg: ModelConfig) -> Params:
     return _per_layer(cfg, param_logical_axes(cfg), lambda ax, _: ax[1:])
 
 
+def _sampler_table(cfg: ModelConfig) -> Params:
+    return _per_layer(cfg, weights.table(cfg), lambda w, _: w)
+
+
 def sampler_param_shapes(cfg: ModelConfig) -> Params:
-    """Abstract weights of the "tensor" sampler layout: the compute dtype (norms as stored),
-    `layers` a tuple of per-layer trees (the sampler's cached forward reads them so; stored
-    that way, its programs slice nothing)."""
+    """Abstract weights of the "tensor" sampler layout: the compute dtype (or as stored, where
+    the table says `stored_dtype`: the forward casts every other weight to the compute dtype
+    where it is used, so casting it beforehand changes no value), `layers` a tuple of
+    per-layer trees (the sampler's cached forward reads them so; stored that way, its
+    programs slice nothing)."""
     per_layer = lambda s, _: jax.ShapeDtypeStruct(s.shape[1:], s.dtype)
     shapes = _per_layer(cfg, param_shapes(cfg), per_layer)
     cast = lambda s: jax.ShapeDtypeStruct(s.shape, cfg.compute_dtype)
-    return jax.tree.map(
-        lambda axes, s: s if _keeps_dtype(axes) else cast(s),
-        _sampler_axes(cfg),
-        shapes,
-        is_leaf=weights.is_axes,
-    )
+    return jax.tree.map(lambda w, s: s if w.stored_dtype else cast(s), _sampler_table(cfg), shapes)
 
 
 def sampler_param_shardings(cfg: ModelConfig, mesh: Mesh) -> Params:
@@ -115,13 +110,13 @@ def sampler_param_shardings(cfg: ModelConfig, mesh: Mesh) -> Params:
 
 @functools.cache
 def _sampler_copy(cfg: ModelConfig, mesh: Mesh | None):
-    axes = _sampler_axes(cfg)
+    table = _sampler_table(cfg)
 
     def cast(params):
         unstacked = _per_layer(cfg, params, lambda w, i: w[i])
         return jax.tree.map(
-            lambda a, w: w if _keeps_dtype(a) else w.astype(cfg.compute_dtype),
-            axes, unstacked, is_leaf=weights.is_axes,
+            lambda spec, w: w if spec.stored_dtype else w.astype(cfg.compute_dtype),
+            table, unstacked,
         )  # fmt: skip
 
     out = None if mesh is None else sampler_param_shardings(cfg, mesh)

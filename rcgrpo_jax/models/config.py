@@ -9,7 +9,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from rcgrpo_jax.models import weights
-from rcgrpo_jax.models.families import FAMILIES
+from rcgrpo_jax.models.families import FAMILIES, Family
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ATTENTION_KINDS = ("auto", "dense", "flash", "splash", "cudnn")  # see models/attention.py
@@ -89,6 +89,11 @@ class ModelConfig:
             raise ValueError(f"flash_block={self.flash_block} must be >= 1")
         if self.family not in FAMILIES:
             raise ValueError(f"family={self.family!r}; expected one of {tuple(FAMILIES)}")
+
+    @property
+    def family_spec(self) -> Family:
+        """What the family fixes (`models.families`): the weights' `when` and the math read it."""
+        return FAMILIES[self.family]
 
     @property
     def compute_dtype(self) -> jnp.dtype:

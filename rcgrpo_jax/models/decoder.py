@@ -1,7 +1,8 @@
 """The decoder for every family (`models.families`), as pure functions over the param tree.
 
-Families differ only in flags on `ModelConfig`: q/k/v biases (Qwen2), tied embeddings
-(Qwen2.5 <= 3B) and "llama3" rope scaling (LLaMA-3.1). The weights are declared once, in
+Families differ only in what `models.families` declares and `ModelConfig` carries: q/k/v
+biases (Qwen2), per-head q/k RMSNorm (Qwen3), tied embeddings (small Qwen checkpoints) and
+"llama3" rope scaling (LLaMA-3.1). The weights are declared once, in
 `models.weights`; here is the math over them, bottom up: the layer pieces (`project_qkv`,
 `mlp`, ...), one pre-norm layer (`decoder_layer`), the layer stack (`run_layers`: `lax.scan`
 over the stacked weights, so a 7B model compiles one layer body, or unrolled; remat policy from
@@ -119,10 +120,14 @@ def project_qkv(
     cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array, positions: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """x [B, T, E] -> roped q [B, T, H, D] and k, v [B, T, KV, D]. The layer pieces read weights
-    as `layer_weights` gives them (compute dtype, gathered), the head as `head_weights` does."""
+    as `layer_weights` gives them (compute dtype, gathered), the head as `head_weights` does.
+    Qwen3 (`Family.qk_norm`) RMS-normalises each head of q and k over head_dim before rope."""
     q, k, v = dense(x, p["wq"]), dense(x, p["wk"]), dense(x, p["wv"])
     if cfg.qkv_bias:
         q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+    if cfg.family_spec.qk_norm:
+        q = rms_norm(q, p["q_norm"]["scale"], cfg.rms_norm_eps)
+        k = rms_norm(k, p["k_norm"]["scale"], cfg.rms_norm_eps)
     inv_freq = rope_inv_freq(cfg)
     q = apply_rope(q, positions, inv_freq)
     return (
@@ -179,8 +184,9 @@ KVWrite = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, jax.Array, Any]
 
 
 def layer_weights(cfg: ModelConfig, p: Params) -> Params:
-    """One layer's weights as its matmuls read them: in the compute dtype (norm scales as
-    stored), gathered over the batch mesh axes, i.e. FSDP's all-gather made explicit. Sharding
+    """One layer's weights as its matmuls read them: in the compute dtype (those the table
+    keeps in their stored dtype, `Weight.stored_dtype`, as they are), gathered over the batch
+    mesh axes, i.e. FSDP's all-gather made explicit. Sharding
     propagation gives the cast the gathered layout, so the gather moves parameter-dtype bytes
     (f32 all-gathers in the partitioned HLO of the planner's train and decode programs).
 
@@ -191,14 +197,13 @@ def layer_weights(cfg: ModelConfig, p: Params) -> Params:
     data, fsdp and tensor all > 1 the rows of the middle batch shards come out swapped. The same
     shape recurs in the backward (dX of wq/wk/wv/w_gate/w_up). With the weights gathered here
     no dot of the layer sees a weight split over a batch axis."""
-    axes = weights.logical_axes(cfg)["layers"]
 
-    def one(ax, w):
-        if ax[-1] == "norm":
+    def one(spec: weights.Weight, w):
+        if spec.stored_dtype:
             return w
-        return constrain(w.astype(cfg.compute_dtype), ax[1:], replicate=BATCH_MESH_AXES)
+        return constrain(w.astype(cfg.compute_dtype), spec.axes, replicate=BATCH_MESH_AXES)
 
-    return jax.tree.map(one, axes, p, is_leaf=weights.is_axes)
+    return jax.tree.map(one, weights.table(cfg)["layers"], p)
 
 
 def decoder_layer(

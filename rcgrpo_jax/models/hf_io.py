@@ -55,14 +55,28 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # ----------------------------------------------------------------------------- config mapping
 
 
+# config.json values where a key is absent (transformers' config classes' defaults), unless the
+# family declares its own (`Family.hf_defaults`); head_dim None: hidden_size / heads.
+HF_DEFAULTS: dict[str, Any] = {
+    "head_dim": None,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 32768,
+}
+
+
 def config_from_hf(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
-    """Maps a transformers config.json (v4 `rope_scaling` or v5 `rope_parameters`) to ours."""
+    """Maps a transformers config.json (v4 `rope_scaling` or v5 `rope_parameters`) to ours,
+    as its family (`models.families`, by `model_type`) declares it."""
     model_type = hf.get("model_type")
     if model_type not in FAMILIES:
         raise CheckpointError(
             f"config.json: model_type {model_type!r} is not supported ({', '.join(FAMILIES)})"
         )
     family = FAMILIES[model_type]
+    defaults = {**HF_DEFAULTS, **dict(family.hf_defaults)}
+    get = lambda key: hf.get(key, defaults[key])
     if hf.get("hidden_act", "silu") != "silu":
         raise CheckpointError(
             f"config.json: hidden_act {hf['hidden_act']!r} is not supported (silu)"
@@ -72,11 +86,21 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
         raise CheckpointError(f"config.json: {model_type} {'/'.join(on)} not supported")
     if hf.get("use_sliding_window"):
         raise CheckpointError("config.json: use_sliding_window=true is not supported")
+    windowed = sorted(set(hf.get("layer_types") or ()) - {"full_attention"})
+    if windowed:
+        raise CheckpointError(
+            f"config.json: layer_types {'/'.join(windowed)} not supported (full_attention)"
+        )
     rope = dict(hf.get("rope_parameters") or {})
     legacy = dict(hf.get("rope_scaling") or {})
-    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    theta = float(rope.get("rope_theta", get("rope_theta")))
     scaling = rope if rope.get("rope_type", "default") != "default" else legacy
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in family.rope_types:
+        raise CheckpointError(
+            f"config.json: rope type {rope_type!r} is not supported for {model_type} "
+            f"({', '.join(family.rope_types)})"
+        )
     if rope_type == "llama3":
         rope_scaling = RopeScaling(
             factor=float(scaling["factor"]),
@@ -84,12 +108,8 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
             high_freq_factor=float(scaling["high_freq_factor"]),
             original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
         )
-    elif rope_type == "default":
-        rope_scaling = None
     else:
-        raise CheckpointError(
-            f"config.json: rope type {rope_type!r} is not supported (default, llama3)"
-        )
+        rope_scaling = None
     heads = int(hf["num_attention_heads"])
     eos = hf.get("eos_token_id")
     fields = dict(
@@ -99,13 +119,13 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
         num_layers=int(hf["num_hidden_layers"]),
         num_heads=heads,
         num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-        head_dim=int(hf.get("head_dim") or hf["hidden_size"] // heads),
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        head_dim=int(get("head_dim") or hf["hidden_size"] // heads),
+        rms_norm_eps=float(get("rms_norm_eps")),
         rope_theta=theta,
         rope_scaling=rope_scaling,
         qkv_bias=family.qkv_bias,
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
+        tie_embeddings=bool(get("tie_word_embeddings")),
+        max_position_embeddings=int(get("max_position_embeddings")),
         family=model_type,
         bos_token_id=hf.get("bos_token_id"),
         eos_token_id=tuple(eos) if isinstance(eos, list) else eos,

@@ -1,10 +1,12 @@
 """The one table of the decoder's weights: key path, logical axes (which give the shape), init,
-and the transformers tensor it maps to.
+the dtype the forward reads it in, the transformers tensor it maps to, and which models have it.
 
 Everything that names a weight derives from `WEIGHTS`: the random init and the abstract
 shapes (`models.api`), the sharding (`param_logical_axes` through `LOGICAL_AXIS_RULES`), the
-checkpoint map (`models.hf_io`) and the parameter count (`ModelConfig.num_params`). The layer
-math reads the same paths (`models.decoder`).
+checkpoint map (`models.hf_io`), the dtype of the weights the layers and the sampler read
+(`Weight.stored_dtype`) and the parameter count (`ModelConfig.num_params`). The layer math
+reads the same paths (`models.decoder`). A weight only some families have is a row whose `when`
+reads the family's declaration (`models.families`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ class Weight:
     # (merged by reshape): q_proj [H*D, E] from our wq [E, H, D] is ((1, 2), (0,)).
     hf_dims: tuple[tuple[int, ...], ...]
     when: Callable[[ModelConfig], bool] = _always
+    # True: the forward reads it in its stored (parameter) dtype, uncast; norm scales, which
+    # `decoder.rms_norm` casts itself. False: cast to the compute dtype where it is used.
+    stored_dtype: bool = False
 
     @property
     def per_layer(self) -> bool:
@@ -77,6 +82,10 @@ def _untied(cfg: ModelConfig) -> bool:
     return not cfg.tie_embeddings
 
 
+def _qk_norm(cfg: ModelConfig) -> bool:
+    return cfg.family_spec.qk_norm
+
+
 _SAME1, _SAME2, _T2 = ((0,),), ((0,), (1,)), ((1,), (0,))
 _HEADS_IN, _HEADS_OUT, _BIAS = ((1, 2), (0,)), ((2,), (0, 1)), ((0, 1),)
 _ATT, _MLP = ("layers", "attn"), ("layers", "mlp")
@@ -93,19 +102,26 @@ WEIGHTS: tuple[Weight, ...] = (
     Weight((*_ATT, "wo"), ("q_heads", "head_dim", "embed"), "normal",
            LAYER + "self_attn.o_proj.weight", _HEADS_OUT),
     Weight(("layers", "attn_norm", "scale"), ("norm",), "ones",
-           LAYER + "input_layernorm.weight", _SAME1),
+           LAYER + "input_layernorm.weight", _SAME1, stored_dtype=True),
     Weight(("layers", "mlp_norm", "scale"), ("norm",), "ones",
-           LAYER + "post_attention_layernorm.weight", _SAME1),
+           LAYER + "post_attention_layernorm.weight", _SAME1, stored_dtype=True),
     Weight((*_MLP, "w_gate"), ("embed", "mlp"), "normal", LAYER + "mlp.gate_proj.weight", _T2),
     Weight((*_MLP, "w_up"), ("embed", "mlp"), "normal", LAYER + "mlp.up_proj.weight", _T2),
     Weight((*_MLP, "w_down"), ("mlp", "embed"), "normal", LAYER + "mlp.down_proj.weight", _T2),
-    Weight(("final_norm", "scale"), ("norm",), "ones", "model.norm.weight", _SAME1),
+    Weight(("final_norm", "scale"), ("norm",), "ones", "model.norm.weight", _SAME1,
+           stored_dtype=True),
     Weight((*_ATT, "bq"), ("q_heads", "head_dim"), "zeros",
            LAYER + "self_attn.q_proj.bias", _BIAS, _qkv_bias),
     Weight((*_ATT, "bk"), ("kv_heads", "head_dim"), "zeros",
            LAYER + "self_attn.k_proj.bias", _BIAS, _qkv_bias),
     Weight((*_ATT, "bv"), ("kv_heads", "head_dim"), "zeros",
            LAYER + "self_attn.v_proj.bias", _BIAS, _qkv_bias),
+    # Qwen3's per-head q/k norms; leaves named "scale", like every norm's, so that the
+    # optimizer's no-decay rule (`train.optim.NO_DECAY_NAMES`, by leaf name) covers them.
+    Weight((*_ATT, "q_norm", "scale"), ("head_dim",), "ones",
+           LAYER + "self_attn.q_norm.weight", _SAME1, _qk_norm, stored_dtype=True),
+    Weight((*_ATT, "k_norm", "scale"), ("head_dim",), "ones",
+           LAYER + "self_attn.k_norm.weight", _SAME1, _qk_norm, stored_dtype=True),
     Weight(("lm_head",), ("embed", "vocab"), "normal", "lm_head.weight", _T2, _untied),
 )  # fmt: skip
 
@@ -134,6 +150,11 @@ def lookup(tree: Params, path: tuple[str, ...]) -> Any:
     for k in path:
         tree = tree[k]
     return tree
+
+
+def table(cfg: ModelConfig) -> Params:
+    """The `Weight` of each leaf, in a param-shaped tree (for tree maps beside the params)."""
+    return nest((w.path, w) for w in weights(cfg))
 
 
 def logical_axes(cfg: ModelConfig) -> Params:

@@ -1,6 +1,6 @@
 """The model a run config plans: its checkpoint's config.json, else an architecture preset named
-by the checkpoint directory (the two paper models, so the planner needs no checkpoint), else
-`model.arch`."""
+by the checkpoint directory (the two paper models and Qwen3, so the planner needs no
+checkpoint), else `model.arch`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,32 @@ import json
 from pathlib import Path
 from typing import Any
 
-# Architectures of the two paper models (their HF config.json), so the planner needs no checkpoint.
+
+def _qwen3(hidden: int, intermediate: int, layers: int, heads: int, tied: bool) -> dict[str, Any]:
+    """A dense Qwen3 checkpoint's config.json (every size: 8 KV heads of 128, rope 1e6, 40k
+    context, no sliding window); they differ in width, depth, heads and tied embeddings."""
+    return {
+        "model_type": "qwen3",
+        "vocab_size": 151936,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "tie_word_embeddings": tied,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    }
+
+
+# Architectures of the two paper models and of Qwen3 (their HF config.json), keyed by the
+# checkpoint directory's name in lower case, so the planner needs no checkpoint.
 HF_PRESETS: dict[str, dict[str, Any]] = {
     "qwen2.5-7b-instruct": {
         "model_type": "qwen2",
@@ -47,6 +72,9 @@ HF_PRESETS: dict[str, dict[str, Any]] = {
         "bos_token_id": 128000,
         "eos_token_id": [128001, 128008, 128009],
     },
+    "qwen3-0.6b": _qwen3(1024, 3072, 28, 16, tied=True),
+    "qwen3-4b": _qwen3(2560, 9728, 36, 32, tied=True),
+    "qwen3-8b": _qwen3(4096, 12288, 36, 32, tied=False),
 }
 
 

@@ -222,6 +222,7 @@ def describe(rows: Sequence[dict[str, Any]], assume: Assumptions) -> str:
 # --------------------------------------------------------------------------- CLI
 
 _DEVICES_ENV = "RCGRPO_PLAN_DEVICES"
+DEFAULT_TOPOLOGY = "v5p-16"  # --topology's default
 
 
 def _topology_from_argv(argv: Sequence[str]) -> str | None:
@@ -236,9 +237,7 @@ def _topology_from_argv(argv: Sequence[str]) -> str | None:
 def ensure_virtual_devices(argv: Sequence[str]) -> None:
     """Re-executes this module with N virtual CPU devices unless it already has them (XLA reads
     the flag once, when the backend starts, so it must be in the environment beforehand)."""
-    name = _topology_from_argv(argv)
-    if name is None:
-        return
+    name = _topology_from_argv(argv) or DEFAULT_TOPOLOGY
     try:
         n = parse_topology(name).chips
     except ValueError:
@@ -260,7 +259,9 @@ def _define_flags():
     from ml_collections import config_flags
 
     config = config_flags.DEFINE_config_file("config", "configs/qwen7b.py", "Experiment config.")
-    flags.DEFINE_string("topology", "v5p-16", "TPU slice, e.g. v5p-16 (cores), v6e-16 (chips).")
+    flags.DEFINE_string(
+        "topology", DEFAULT_TOPOLOGY, "TPU slice, e.g. v5p-16 (cores), v6e-16 (chips)."
+    )
     flags.DEFINE_integer(
         "prompts", None, "P: prompts per train step (default: rl.num_prompts / rl.minibatches)."
     )
