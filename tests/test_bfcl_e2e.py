@@ -5,21 +5,23 @@ Tiny random Qwen2- and LLaMA-architecture checkpoints are saved with the real to
 `python -m rcgrpo_jax.main --config=configs/qwen7b.py` (stage `all`: base, SFT, RCTP and the three
 RL arms, one RL iteration each) and `--config=configs/llama8b.py` (stage `rcgrpo` from the random
 checkpoint, then stage `eval` of its export, both on 2 CPU devices for its tensor-parallel mesh;
-Qwen runs on one). The overrides (`SIZE_AND_STEPS`) change sizes, step
+Qwen runs on one). A tiny random Qwen3 with the real Qwen3 tokenizer and its thinking template
+(vocabulary 151,669) takes the LLaMA path's first half through `configs/qwen3_8b.py` (stage
+`rcgrpo`, 2 devices, no held-out evaluation). The overrides (`SIZE_AND_STEPS`) change sizes, step
 counts and entry counts only: every length (`rl.max_len`, `eval.max_len`, `train.seq_len`,
 `rctp.max_tokens`) stays at the config's default, so the SFT rows and the fused RL step run at
 16,384 tokens. Each run is a child process; its peak RSS (`os.wait4`) is printed and bounded.
 
 Cost: the fused step's head over a 152k vocabulary at 2 x 16,384 positions dominates (~15-30 s a
 step on 2 cores), so LLaMA takes the shorter path; Qwen through `all` is ~3 min (its two RC-GRPO
-updates, the step's compile included, ~17 s of it), LLaMA ~1 min.
+updates, the step's compile included, ~17 s of it), LLaMA ~1 min, Qwen3 ~50 s of CPU time.
 
 The official checker `eval`s call strings: it is handed only stored stage-1 trajectories (ground
 truth and its perturbations) and model trajectories without calls; model text with calls is
 scored against our reward (equal to the checker by tests/test_bfcl_reward.py).
 
 A random model's rollouts all fail, so no RL group would carry signal and no update would run:
-the Qwen run's environment is tests/forced_rewards.py's "bfcl" (`env.module`), whose reward is the
+the Qwen runs' environment is tests/forced_rewards.py's "bfcl" (`env.module`), whose reward is the
 checker's verdict raised to 1 for a row conditioned on <|high_reward|>. Its RC-GRPO groups (one
 high and one low row) are then mixed and update; GRPO's keep the checker's uniform verdict.
 Stage 1's data is scored by the checker itself (not the environment), and the LLaMA runs use
@@ -93,8 +95,8 @@ ARM_OUTCOME = {
 EOT = {"qwen": "<|im_end|>", "llama": "<|eot_id|>"}
 # Embedding rows of the released checkpoints: Qwen2.5-7B pads its 151,665 tokens to 152,064 (the
 # reward tokens take padded rows), LLaMA-3.1-8B has exactly its 128,256 (they grow the table).
-VOCAB_ROWS = {"qwen2": 152064, "llama": 128256}
-TOKENIZER_VOCAB = {"qwen2": 151665, "llama": 128256}
+VOCAB_ROWS = {"qwen2": 152064, "llama": 128256, "qwen3": 151936}
+TOKENIZER_VOCAB = {"qwen2": 151665, "llama": 128256, "qwen3": 151669}
 HEADER = {  # what precedes an assistant message
     "qwen": "<|im_start|>assistant\n",
     "llama": "<|start_header_id|>assistant<|end_header_id|>\n\n",
@@ -105,7 +107,13 @@ def make_checkpoint(kind: str, tokenizer_dir: Path, out: Path) -> None:
     """A random 2-layer, 32-wide model of the released architecture and embedding rows, saved
     with the real tokenizer (as a released checkpoint directory holds both)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        LlamaConfig,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     torch.manual_seed(0)
@@ -116,6 +124,10 @@ def make_checkpoint(kind: str, tokenizer_dir: Path, out: Path) -> None:
     )  # fmt: skip
     if kind == "qwen2":  # Qwen2.5-7B-Instruct: q/k/v biases, untied head
         cfg = Qwen2Config(rope_theta=1e6, bos_token_id=151643, eos_token_id=151645, **common)
+    elif kind == "qwen3":  # Qwen3-8B: q/k RMSNorm, no biases, head_dim != hidden / heads
+        cfg = Qwen3Config(
+            rope_theta=1e6, bos_token_id=151643, eos_token_id=151645, head_dim=16, **common
+        )
     else:  # Llama-3.1-8B-Instruct: llama3 rope scaling
         cfg = LlamaConfig(
             rope_theta=5e5, bos_token_id=128000, eos_token_id=[128001, 128008, 128009],
@@ -124,8 +136,37 @@ def make_checkpoint(kind: str, tokenizer_dir: Path, out: Path) -> None:
             **common,
         )  # fmt: skip
     assert len(tok) == TOKENIZER_VOCAB[kind]
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(out))
+    model = AutoModelForCausalLM.from_config(cfg)
+    if kind == "qwen3":
+        lean_towards(model, {tok.convert_tokens_to_ids(t): p for t, p in THINKING.items()})
+    model.save_pretrained(str(out))
     tok.save_pretrained(str(out))
+
+
+# What the random Qwen3 samples besides uniformly drawn tokens: it closes a think block about
+# every fourth token and ends its message about every twentieth, so that its messages hold
+# `</think>` (which the template re-renders) and stop on their own or at the length cap.
+THINKING = {"</think>": 0.25, "<|im_end|>": 0.05}
+
+
+def lean_towards(model, probs: dict[int, float]) -> None:
+    """Makes a random model sample token i with about probability probs[i] at every position,
+    the rest of its draws nearly uniform: every embedding row gets a unit component along one
+    direction, which then dominates each final hidden state (~ sqrt(hidden) along it after the
+    final RMSNorm; the random weights add little), and the head maps that direction to the
+    logit that gives token i its probability against the others' ~0 logits."""
+    import math
+
+    import torch
+
+    with torch.no_grad():
+        model.get_input_embeddings().weight[:, 0] += 1.0
+        head = model.get_output_embeddings().weight
+        rest = (1.0 - sum(probs.values())) / (head.shape[0] - len(probs))
+        scale = math.sqrt(head.shape[1])
+        for i, p in probs.items():
+            head[i] = 0.0
+            head[i, 0] = math.log(p / rest) / scale
 
 
 def run_main(args: list[str], log: Path, devices: int = 1) -> dict:
@@ -203,6 +244,25 @@ def llama_run(tokenizer_root, tmp_path_factory):
     }  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def qwen3_run(tokenizer_root, tmp_path_factory):
+    """Stage rcgrpo of configs/qwen3_8b.py from a random Qwen3 with the real Qwen3 tokenizer and
+    its thinking template, on 2 devices for the config's mesh (1, -1, 2), forced rewards, no
+    held-out evaluation (`rl.eval_every=0`: the LLaMA runs cover it; it would add a third of
+    this run's time)."""
+    root = tmp_path_factory.mktemp("e2e_qwen3")
+    make_checkpoint("qwen3", tokenizer_root / "qwen3", root / "model")
+    work = root / "run"
+    r = run_main(
+        ["--config=configs/qwen3_8b.py", *SIZE_AND_STEPS, "--config.stage=rcgrpo",
+         "--config.rl.eval_every=0", f"--config.model.hf_path={root / 'model'}",
+         f"--config.workdir={work}", FORCED_REWARDS],
+        root / "rcgrpo.log", devices=2,
+    )  # fmt: skip
+    _check_run(r, "qwen3_8b stage rcgrpo")
+    return {**r, "work": work, "model": root / "model", "fmt": "qwen"}
+
+
 def _report(capsys, line: str) -> None:
     with capsys.disabled():
         print(f"\n[e2e] {line}", flush=True)
@@ -214,7 +274,7 @@ def _gib(x: float) -> str:
 
 def test_configs_keep_full_lengths():
     """What the e2e runs rely on: the 7B/8B configs' lengths, none of them overridden."""
-    for name in ("qwen7b", "llama8b"):
+    for name in ("qwen7b", "llama8b", "qwen3_8b"):
         c = shipped_config(name)
         for key in LENGTH_KEYS:
             section, leaf = key.split(".")
@@ -407,7 +467,7 @@ def test_an_applied_update_changes_the_weights(qwen_run):
             assert same == start.keys(), (arm, sorted(start.keys() - same))
 
 
-@pytest.mark.parametrize("which", ["qwen", "llama"])
+@pytest.mark.parametrize("which", ["qwen", "llama", "qwen3"])
 def test_exports_load_in_transformers(which, request):
     """The final RL export loads in transformers and gives our logits, reward token included."""
     import jax.numpy as jnp
@@ -418,10 +478,12 @@ def test_exports_load_in_transformers(which, request):
 
     run = request.getfixturevalue(f"{which}_run")
     export = run["work"] / ("rctp_rcgrpo" if which == "qwen" else "") / "export"
+    architecture = {"qwen": "Qwen2", "llama": "Llama", "qwen3": "Qwen3"}[which] + "ForCausalLM"
     tok = AutoTokenizer.from_pretrained(str(export))
     ids = tok.encode(prompts.REWARD_TOKENS[1] + " list the files", add_special_tokens=False)
     assert ids[0] == tok.convert_tokens_to_ids(prompts.REWARD_TOKENS[1])
     model = AutoModelForCausalLM.from_pretrained(str(export), torch_dtype=torch.float32).eval()
+    assert type(model).__name__ == architecture
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits.numpy()
     cfg, params = models.load_hf(str(export), dtype=jnp.float32)
@@ -470,6 +532,54 @@ def test_llama8b_eval_rewards_are_the_checkers(llama_run):
         assert (rec["reward"], rec["error_type"]) == (ours.reward, ours.error_type)
         if not any(call for turn in rec["decoded"] for step in turn for call in step):
             assert official_valid(entry, rec["decoded"]) == (rec["reward"] == 1.0)
+
+
+# ---------------------------------------------------------------- Qwen3: stage rcgrpo, thinking
+
+
+def test_qwen3_rcgrpo_runs_at_full_length(qwen3_run, capsys):
+    """One RC-GRPO iteration of a random Qwen3 under the real thinking template at rl.max_len
+    16,384: a mixed group (low, high) is rolled out over several turns, each row's cache
+    extended by `continuation_ids` after messages that close think blocks (`THINKING`; no row
+    fails in its environment, where a template re-render of such a message would), and the
+    update is applied on the trajectories as sampled: the trainer's log-probs of every sampled
+    token equal the sampler's (`logp_gap_max`), so the sequence trained on is, token for token,
+    the one the policy conditioned on."""
+    _report(
+        capsys,
+        f"qwen3_8b stage rcgrpo (tiny random Qwen3, real tokenizer and thinking template, "
+        f"rl.max_len {FULL_LENGTH}): {qwen3_run['seconds']:.0f} s, "
+        f"peak RSS {_gib(qwen3_run['peak_rss'])}",
+    )
+    assert qwen3_run["peak_rss"] < PEAK_RSS_LIMIT
+    work = qwen3_run["work"]
+    (row,) = [json.loads(x) for x in (work / "rollouts.jsonl").open()]
+    assert sorted(row["reward_token"][0]) == [0, 1] and row["env_errors"] == [[None, None]]
+    rewards = dict(zip(row["reward_token"][0], row["rewards"][0], strict=True))
+    assert rewards == {0: 0.0, 1: 1.0} and row["trained"] == [True]  # forced: signal
+    (metrics,) = [json.loads(x) for x in (work / "metrics.jsonl").open()]
+    assert metrics["step"] == 1 and metrics["applied_frac"] == 1.0 and np.isfinite(metrics["loss"])
+    assert metrics["grad_norm"] > 0 and metrics["sampled_tokens"] > 0
+    assert metrics["logp_gap_max"] < 1e-4, metrics["logp_gap_max"]
+    start_weights = _weights_off_the_vocabulary(qwen3_run["model"])
+    end_weights = _weights_off_the_vocabulary(work / "export")
+    assert start_weights.keys() == end_weights.keys() and any("q_norm" in k for k in start_weights)
+    assert not [k for k in start_weights if np.array_equal(start_weights[k], end_weights[k])]
+    from transformers import AutoTokenizer
+
+    export = AutoTokenizer.from_pretrained(str(work / "export"))
+    original = AutoTokenizer.from_pretrained(str(qwen3_run["model"]))
+    assert export.chat_template == original.chat_template  # the thinking template travels
+    # more prefilled than the two rows' prompts (they differ by their reward token): rows went
+    # on after their first message, their caches extended by what the template puts after it
+    (entry_id,) = row["entry_ids"]
+    episode = bfcl.Episode(_entries()[entry_id], "qwen", reward_token=1)
+    prompt = prompts.prompt_ids(export, episode.messages, episode.tools)
+    assert export.decode(prompt).endswith("<|im_start|>assistant\n<think>\n")
+    assert metrics["prefill_tokens"] > 2 * len(prompt), (metrics["prefill_tokens"], len(prompt))
+    assert json.loads((work / "export" / "config.json").read_text())["architectures"] == [
+        "Qwen3ForCausalLM"
+    ]
 
 
 # ------------------------------------------------------------------- lengths the configs reject

@@ -168,7 +168,7 @@ def test_memoised_rendering_equals_a_fresh_one(tokenizers):
     messages, tools = episode.messages, episode.tools
     for end in range(1, len(messages) + 1):
         for gen in (False, True):
-            fresh = prompts._render_segments(tok, messages[:end], tools, gen)
+            fresh = prompts._render_segments(tok, messages[:end], tools, gen, memo=False)
             first = prompts.render_segments(tok, messages[:end], tools, gen)
             first.append(("changed", False))
             assert prompts.render_segments(tok, messages[:end], tools, gen) == fresh
@@ -176,6 +176,113 @@ def test_memoised_rendering_equals_a_fresh_one(tokenizers):
     try:
         tok.chat_template = template.replace("<|im_start|>", "<|im_start|> ")
         changed = prompts.render_segments(tok, messages, tools)
-        assert changed == prompts._render_segments(tok, messages, tools, False) != before
+        fresh = prompts._render_segments(tok, messages, tools, False, memo=False)
+        assert changed == fresh != before
     finally:
         tok.chat_template = template
+
+
+# --------------------------------------------------------------------------- Qwen3 (thinking)
+
+
+@pytest.fixture(scope="module")
+def qwen3(tokenizer_root):
+    """The real Qwen3 tokenizer (thinking-only template: its generation prompt opens
+    `<think>\\n`, and it drops the reasoning of assistant messages before the last user turn)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_root / "qwen3"))
+    prompts.add_reward_tokens(tok)
+    return tok
+
+
+def thinking_reply(episode: bfcl.Episode, n: int) -> str:
+    """The ground truth's next message after a reasoning of its own (what Qwen3 emits after
+    its generation prompt `<think>\\n`)."""
+    reasoning = f"Step {n}: what does turn {episode.turn} need?"
+    return f"{reasoning}\n</think>\n\n{bfcl.ground_truth([episode])[0]}"
+
+
+def test_qwen3_rollout_stream_is_the_training_sequence(qwen3):
+    """A multi-turn BFCL episode rolled out as `rl.rollout` does (first prompt, sampled tokens,
+    `_advance`'s continuation after each) with Qwen3 messages that think before their calls:
+    at every turn a fresh `prompt_ids` of the conversation is the stream so far (what the
+    policy conditioned on), each continuation is exactly the template's text for the new
+    messages, and `render_with_mask` (stage 1) gives the same tokens, masked on the sampled
+    ones only. Every turn's reasoning stays in the stream, although the template's rendering
+    of the whole conversation drops those before the last user turn."""
+    from rcgrpo_jax.rl import rollout
+
+    tok = qwen3
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    settings = rollout.RolloutSettings(chat_format="qwen", max_len=1 << 20)
+    episode = bfcl.Episode(entry_by_id("multi_turn_base_1"), "qwen", reward_token=1)
+    stream = prompts.prompt_ids(tok, episode.messages, episode.tools)
+    sampled = [False] * len(stream)
+    assert tok.decode(stream).endswith("<|im_start|>assistant\n<think>\n")
+    reasonings = []
+    while True:
+        assert prompts.prompt_ids(tok, episode.messages, episode.tools) == stream
+        reply = thinking_reply(episode, len(reasonings) + 1)
+        reasonings.append(reply.split("\n</think>")[0])
+        new = tok.encode(reply, add_special_tokens=False) + [eot]  # stopped at <|im_end|>
+        stream, sampled = stream + new, sampled + [True] * len(new)
+        before = len(episode.messages)
+        report = rollout._advance(episode, tok, new, True, len(stream), eot, settings)
+        if report.outcome == rollout.Outcome.DONE:
+            break
+        assert report.outcome == rollout.Outcome.APPEND
+        added = episode.messages[before + 1 :]  # tool results, or the next user turn
+        shown = "".join(
+            "\n<|im_start|>user\n" + m["content"] + "<|im_end|>"
+            if m["role"] == "user"
+            else ("\n<|im_start|>user" if i == 0 else "") + "\n<tool_response>\n"
+            + m["content"] + "\n</tool_response>" + ("<|im_end|>" if i == len(added) - 1 else "")
+            for i, m in enumerate(added)
+        )  # fmt: skip
+        assert tok.decode(report.append) == shown + "\n<|im_start|>assistant\n<think>\n"
+        stream, sampled = stream + report.append, sampled + [False] * len(report.append)
+    assert episode.result().reward == 1.0  # the calls after each reasoning were executed
+    assert len(reasonings) == 8 and len(episode.decoded) == 4
+
+    ids, mask = prompts.render_with_mask(tok, episode.messages, episode.tools)
+    closing = tok.encode("\n", add_special_tokens=False)  # after the last <|im_end|>
+    assert ids == stream + closing
+    assert mask == [int(s) for s in sampled] + [0] * len(closing)
+    text = tok.decode(stream)
+    assert all(r in text for r in reasonings)
+    whole = prompts.render_text(tok, episode.messages, episode.tools)  # the template's own
+    last_query = max(i for i, m in enumerate(episode.messages) if m["role"] == "user")
+    after = sum(m["role"] == "assistant" for m in episode.messages[last_query:])
+    assert [r in whole for r in reasonings] == [False] * (8 - after) + [True] * after
+
+
+def test_qwen3_golden_trajectory_masks_what_the_model_emits(qwen3):
+    """Stage 1's render of a golden BFCL trajectory (calls without reasoning) under Qwen3: each
+    masked run starts right after the generation prompt `<|im_start|>assistant\\n<think>\\n`
+    (where the sampler starts, `prompt_ids` of the conversation up to it) and is what the
+    template shows for that message when it is the latest, an empty reasoning then the calls:
+    `\\n</think>\\n\\n` + text + `<|im_end|>`; nothing else is masked, the reward token is one
+    unmasked token in the system prompt."""
+    tok = qwen3
+    episode = played("multi_turn_miss_func_0", "qwen")
+    messages, tools = episode.messages, episode.tools
+    ids, mask = prompts.render_with_mask(tok, messages, tools)
+    assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    runs = mask_runs(mask)
+    assert len(runs) == len(assistant) >= 4 and len(ids) == len(mask)
+    for i, (start, end) in zip(assistant, runs, strict=True):
+        prompt = prompts.prompt_ids(tok, messages[:i], tools)
+        assert ids[: len(prompt)] == prompt and len(prompt) == start
+        assert tok.decode(ids[:start]).endswith("<|im_start|>assistant\n<think>\n")
+        content = messages[i]["content"]
+        assert tok.decode(ids[start:end]) == "\n</think>\n\n" + content + "<|im_end|>"
+        assert extract_calls(tok.decode(ids[start:end]), "qwen") == extract_calls(content, "qwen")
+    unmasked = tok.decode([t for t, k in zip(ids, mask, strict=True) if not k])
+    later = tok.decode([t for t, k in zip(ids, mask, strict=True) if not k][runs[0][0] :])
+    assert "</think>" not in later and "<tool_call>" not in later  # calls are masked, all
+    for m in messages:
+        if m["role"] in ("user", "system", "tool"):
+            assert m["content"].strip() in unmasked
+    high = tok.convert_tokens_to_ids(prompts.REWARD_TOKENS[1])
+    assert ids.count(high) == 1 and mask[ids.index(high)] == 0 and ids.index(high) < runs[0][0]

@@ -3,13 +3,17 @@ JSON-schema tools, and token ids with an assistant-only loss mask from the model
 template (transformers' `apply_chat_template`).
 
 Conversations are lists of `{"role", "content"}` messages (system, user, assistant, tool);
-assistant messages hold the raw model text, so what is rendered is what was sampled.
+assistant messages hold the raw model text. A conversation's tokens are its append-only
+rendering (`render_segments`), the stream a sampler's KV cache holds: the first prompt, then per
+assistant turn the model's text and what the template puts after it. Earlier turns are never
+re-rendered, so a template that rewrites them (Qwen3's drops their `<think>` blocks) changes no
+token the policy has seen; for Qwen2.5 and LLaMA-3.1 it is the template's rendering itself.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import re
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -225,14 +229,16 @@ def render_text(
     tools: list[dict] | None = None,
     add_generation_prompt: bool = False,
 ) -> str:
-    """The conversation as text, through the tokenizer's chat template."""
+    """The conversation as text, the chat template's own rendering of all of it (for Qwen3 not
+    the token stream: see `render_segments`)."""
     return tokenizer.apply_chat_template(
         list(messages), tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
     )
 
 
-_MARK = "\x00RCGRPO-ASSISTANT-{}\x00"
-_MARK_RE = re.compile("\x00RCGRPO-ASSISTANT-(\\d+)\x00")
+# Stands in for an assistant message's content: its index between two NUL characters.
+_MARK_PREFIX = "\x00RCGRPO-ASSISTANT-"
+_MARK = _MARK_PREFIX + "{}\x00"
 
 
 def render_segments(
@@ -241,19 +247,21 @@ def render_segments(
     tools: list[dict] | None = None,
     add_generation_prompt: bool = False,
 ) -> list[tuple[str, bool]]:
-    """The rendered conversation cut into (text, is_assistant) pieces.
+    """The conversation's append-only rendering cut into (text, is_assistant) pieces.
 
-    An assistant piece is the message as the template prints it plus the end-of-turn token
-    that the model itself must emit. Found by rendering once with markers in place of the
-    assistant contents, then walking the real rendering. Memoised per tokenizer: the G
-    rollouts of a prompt open with the same conversation and, from a peaked policy, mostly
-    continue alike, and a template render costs more than the model's step on small models.
+    The rendering is the token stream a sampler builds turn by turn, never the template's
+    rendering of the whole conversation (Qwen3's drops earlier turns' `<think>` blocks):
+    the first prompt, then per assistant message the text the model emits after its
+    generation prompt (through the end-of-turn token) and what the template puts after it
+    (`_render_segments`). Memoised per tokenizer: the G rollouts of a prompt open with the same
+    conversation and, from a peaked policy, mostly continue alike, and a template render costs
+    more than the model's step on small models.
     """
     try:  # the template too: it can be replaced on the same tokenizer
         template = str(getattr(tokenizer, "chat_template", None))
         key = (template, json.dumps([messages, tools, add_generation_prompt]))
     except TypeError:  # not plain data: render every time
-        return _render_segments(tokenizer, messages, tools, add_generation_prompt)
+        return _render_segments(tokenizer, messages, tools, add_generation_prompt, memo=False)
     segments = _memoised(
         _SEGMENTS, tokenizer, key,
         lambda: tuple(_render_segments(tokenizer, messages, tools, add_generation_prompt)),
@@ -266,46 +274,95 @@ def _render_segments(
     messages: Sequence[Message],
     tools: list[dict] | None,
     add_generation_prompt: bool,
+    *,
+    memo: bool = True,
 ) -> list[tuple[str, bool]]:
-    """`render_segments` without the memo."""
-    text = render_text(tokenizer, messages, tools, add_generation_prompt)
-    marked = [
-        dict(m, content=_MARK.format(i)) if m["role"] == "assistant" else m
-        for i, m in enumerate(messages)
-    ]
-    parts = _MARK_RE.split(render_text(tokenizer, marked, tools, add_generation_prompt))
+    """`render_segments` without its own memo (`memo`: the template renders still memoised).
+
+    Every piece comes from the template rendering a prefix of the conversation in which the
+    earlier assistant messages are markers, so how the template re-renders an earlier
+    assistant message never reaches the stream:
+    - before assistant message k: the prefix's rendering with the generation prompt, from the
+      previous assistant message's end-of-turn token on (the first prompt: all of it);
+    - message k itself: the template's rendering of it as the latest message, after that
+      generation prompt, through its end-of-turn token (verbatim for Qwen2.5 and LLaMA-3.1;
+      Qwen3 normalises the `</think>` separator and adds an empty think block to a message
+      without one);
+    - after the last assistant message: the rest of the whole conversation's rendering.
+    """
+    render = _Renderer(tokenizer, messages, tools, memo)
     eot = end_of_turn_token(tokenizer)
     segments: list[tuple[str, bool]] = []
-    pos = 0
-    for k in range(0, len(parts), 2):
-        piece = parts[k]
-        if k > 0:  # an assistant message precedes this piece
-            content = messages[int(parts[k - 1])]["content"]
-            shown = next(
-                (
-                    c
-                    for c in (content, content.strip(), content.lstrip(), content.rstrip())
-                    if text.startswith(c + piece[: len(eot)], pos)
-                ),
-                None,
-            )
-            if shown is None or not piece.startswith(eot):
-                raise ValueError("chat template does not print assistant text verbatim")
-            segments.append((shown + eot, True))
-            pos += len(shown) + len(eot)
-            piece = piece[len(eot) :]
-        if not text.startswith(piece, pos):
-            raise ValueError("chat template rendering is not stable around assistant text")
-        if piece:
-            segments.append((piece, False))
-        pos += len(piece)
-    if pos != len(text):
-        raise ValueError("chat template rendering does not cover the whole conversation")
-    return segments
+    previous = None  # the assistant message the next piece follows
+    for k, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt = render(k, add_generation_prompt=True)
+        segments.append((_after(prompt, previous, eot), False))
+        segments.append((_latest_assistant(prompt, render(k, latest=message), eot), True))
+        previous = k
+    segments.append((_after(render(len(messages), add_generation_prompt), previous, eot), False))
+    return [(text, is_assistant) for text, is_assistant in segments if text]
 
 
-# Per-tokenizer LRU memos (`_memoised`): rendered conversations and encoded pieces.
+class _Renderer:
+    """Template renders of a conversation's prefixes with their assistant messages as markers
+    (`render(k, latest=m)`: messages[:k], then message m as itself), memoised per tokenizer:
+    a conversation rendered again one turn longer repeats all but its last renders."""
+
+    def __init__(
+        self, tokenizer: Any, messages: Sequence[Message], tools: list[dict] | None, memo: bool
+    ) -> None:
+        self.tokenizer, self.tools = tokenizer, tools
+        self.marked = [
+            dict(m, content=_MARK.format(i)) if m["role"] == "assistant" else m
+            for i, m in enumerate(messages)
+        ]
+        self.keys = None
+        if memo:  # the key of a prefix: the template, the tools and each message, hashed
+            template = str(getattr(tokenizer, "chat_template", None))
+            self.keys = [template, json.dumps(tools), *(json.dumps(m) for m in self.marked)]
+
+    def __call__(
+        self, k: int, add_generation_prompt: bool = False, latest: Message | None = None
+    ) -> str:
+        messages = self.marked[:k] + ([] if latest is None else [latest])
+        compute = lambda: render_text(self.tokenizer, messages, self.tools, add_generation_prompt)
+        if self.keys is None:
+            return compute()
+        parts = [*self.keys[: k + 2], json.dumps(latest), str(add_generation_prompt)]
+        key = hashlib.sha1("\x01".join(parts).encode()).digest()
+        return _memoised(_RENDERS, self.tokenizer, key, compute)
+
+
+def _after(text: str, previous: int | None, eot: str) -> str:
+    """`text` after assistant message `previous`'s marker and end-of-turn token (all of it
+    when there is none)."""
+    if previous is None:
+        return text
+    _, marker, rest = text.partition(_MARK.format(previous))
+    if not marker or _MARK_PREFIX in rest or not rest.startswith(eot):
+        raise ValueError("chat template does not close an assistant message with " + repr(eot))
+    return rest[len(eot) :]
+
+
+def _latest_assistant(prompt: str, shown: str, eot: str) -> str:
+    """What the template prints for an assistant message as the latest one (`shown`: the
+    rendering that ends with it) after the generation prompt (`prompt`: the same rendering
+    up to it), through its end-of-turn token."""
+    end = shown.rfind(eot)
+    if not shown.startswith(prompt) or end < len(prompt):
+        raise ValueError(
+            "chat template does not print the latest assistant message after its generation "
+            "prompt, closed by " + repr(eot)
+        )
+    return shown[len(prompt) : end + len(eot)]
+
+
+# Per-tokenizer LRU memos (`_memoised`): rendered conversations, template renders of their
+# prefixes and encoded pieces.
 _SEGMENTS: weakref.WeakKeyDictionary[Any, OrderedDict] = weakref.WeakKeyDictionary()
+_RENDERS: weakref.WeakKeyDictionary[Any, OrderedDict] = weakref.WeakKeyDictionary()
 _ENCODED: weakref.WeakKeyDictionary[Any, OrderedDict] = weakref.WeakKeyDictionary()
 _MEMO_MAX = 1024  # entries per tokenizer and memo
 
@@ -356,16 +413,18 @@ def continuation_ids(
     tokenizer: Any, messages: Sequence[Message], tools: list[dict] | None = None
 ) -> list[int]:
     """Tokens the template puts after the last assistant message (tool results, next user turn,
-    generation prompt): the same pieces `prompt_ids` produces there, so a sampled row's cache
-    is extended by exactly what a fresh render would hold."""
-    segments = render_segments(tokenizer, messages, tools, add_generation_prompt=True)
-    last = max(i for i, (_, is_assistant) in enumerate(segments) if is_assistant)
-    return [t for text, _ in segments[last + 1 :] for t in _encode(tokenizer, text)]
+    generation prompt): the piece `prompt_ids` ends with there, rendered alone, so a sampled
+    row's cache is extended by exactly what the stream holds and no earlier token changes."""
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    render = _Renderer(tokenizer, messages, tools, memo=False)
+    text = render(len(messages), add_generation_prompt=True)
+    return _encode(tokenizer, _after(text, last, end_of_turn_token(tokenizer)))
 
 
 def prompt_ids(
     tokenizer: Any, messages: Sequence[Message], tools: list[dict] | None = None
 ) -> list[int]:
-    """Token ids to sample the next assistant message from (generation prompt included)."""
+    """Token ids to sample the next assistant message from (generation prompt included): the
+    conversation's stream so far, what a rollout's cache holds at this turn."""
     segments = render_segments(tokenizer, messages, tools, add_generation_prompt=True)
     return [i for text, _ in segments for i in _encode(tokenizer, text)]
