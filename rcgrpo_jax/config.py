@@ -190,10 +190,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.rl.top_p = 1.0
     c.rl.epochs = 1
     c.rl.minibatches = 1  # updates per epoch; each holds num_prompts/minibatches whole groups
-    # The policy loss (rl/losses.py OBJECTIVES): grpo (std-normalised advantages, token ratios,
-    # rl.aggregation) | dr_grpo (r - mean, sum / (sequences x rl.max_len)) | dapo (token-level
-    # over the batch) | gspo (one length-normalised ratio per sequence, its own clip range).
+    # The policy loss (rl/losses.py, `@register_objective`): grpo (token ratios,
+    # rl.aggregation) | dr_grpo (sum / (sequences x rl.max_len)) | dapo (token-level over the
+    # batch) | gspo (one length-normalised ratio per sequence, its own clip range).
     c.rl.objective = "grpo"
+    # The advantage estimator: any name registered with `@register_estimator` in
+    # rl/advantages.py (grpo: (r - mean) / (std + eps) per group; dr_grpo: r - mean; ...).
+    # "" = the objective's own (dr_grpo's for dr_grpo, grpo's for the others), so an objective
+    # named alone keeps its paper's advantages.
+    c.rl.estimator = ""
     c.rl.clip_low = 0.2
     c.rl.clip_high = 0.28
     c.rl.gspo_clip_low = 3e-4  # gspo's sequence-ratio range [1 - low, 1 + high] (the paper's)

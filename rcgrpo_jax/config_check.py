@@ -183,6 +183,20 @@ def _objectives() -> tuple[str, ...]:
     return tuple(OBJECTIVES)
 
 
+def _estimators() -> tuple[str, ...]:
+    from rcgrpo_jax.rl.advantages import ESTIMATORS
+
+    return tuple(ESTIMATORS)
+
+
+def _own_aggregation(objective: str) -> str | None:
+    """The aggregation a registered objective fixes (None: it reads rl.aggregation)."""
+    from rcgrpo_jax.rl.losses import OBJECTIVES
+
+    declared = OBJECTIVES.get(objective)
+    return None if declared is None else declared.aggregation
+
+
 def _categories() -> tuple[str, ...]:
     # Both spellings are accepted downstream (envs.entries.normalize_category).
     short = tuple(c.removeprefix("multi_turn_") for c in BFCL_CATEGORIES)
@@ -293,6 +307,7 @@ RULES: dict[str, Rule] = {
     "rl.epochs": integer(1),
     "rl.minibatches": integer(1),
     "rl.objective": lambda v: choice(_objectives())(v),
+    "rl.estimator": lambda v: None if v == "" else choice(_estimators())(v),  # "": objective's
     "rl.clip_low": number(0.0, 1.0),
     "rl.clip_high": number(0.0),
     "rl.gspo_clip_low": number(0.0, 1.0),
@@ -361,10 +376,11 @@ def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
             )  # fmt: skip
         if c.rl.max_new_tokens >= c.rl.max_len:
             yield _fail("rl.max_new_tokens", c.rl.max_new_tokens, f"< rl.max_len={c.rl.max_len}")
-        if c.rl.aggregation != "token" and c.rl.objective != "grpo":
+        if c.rl.aggregation != "token" and _own_aggregation(c.rl.objective):
             yield _fail(
                 "rl.aggregation", c.rl.aggregation,
-                f"'token' with rl.objective={c.rl.objective!r} (only grpo reads rl.aggregation)",
+                f"'token' with rl.objective={c.rl.objective!r} (it aggregates by "
+                f"{_own_aggregation(c.rl.objective)}; only grpo reads rl.aggregation)",
             )  # fmt: skip
     if c.stage in ("sft", "rctp", "all") and c.train.batch_size % c.train.optim.grad_accum:
         yield _fail(

@@ -1,6 +1,6 @@
 """The RL objectives (grpo, dr_grpo, dapo, gspo) against a plain numpy reference, their
-gradients w.r.t. the per-token log-probs, and what sets them apart; dynamic sampling's group
-filter on fake rewards."""
+gradients w.r.t. the per-token log-probs, and what sets them apart; the registered advantage
+estimators and their signal rule; dynamic sampling's group filter on fake rewards."""
 
 from __future__ import annotations
 
@@ -13,9 +13,17 @@ import pytest
 
 from rcgrpo_jax.config import base_config
 from rcgrpo_jax.envs.reward_tokens import HIGH, LOW, NONE
-from rcgrpo_jax.rl import OBJECTIVES, Objective
+from rcgrpo_jax.rl import ESTIMATORS, OBJECTIVES, Objective, estimate, group_signal
+from rcgrpo_jax.rl.advantages import Estimator, register_estimator
 from rcgrpo_jax.rl.dynamic import fill_groups, padded_groups
-from rcgrpo_jax.rl.losses import objective_from_config, objective_loss
+from rcgrpo_jax.rl.losses import (
+    objective_from_config,
+    objective_loss,
+    register_objective,
+    token_ratio,
+    with_advantages,
+)
+from rcgrpo_jax.stages.rl import has_signal
 
 P, G, T = 3, 4, 12
 EPS = 1e-6
@@ -90,7 +98,7 @@ def np_reference(name: str, batch, logp, lo: float, hi: float, beta: float, leng
 
 
 def jax_loss_and_grad(objective: Objective, batch, logp):
-    jb = {k: jnp.asarray(v) for k, v in batch.items()}
+    jb = with_advantages(objective, {k: jnp.asarray(v) for k, v in batch.items()})
     ent = jnp.zeros(logp.shape, jnp.float32)
     fn = jax.jit(
         jax.value_and_grad(lambda lp: objective_loss(objective, lp, ent, jb), has_aux=True)
@@ -141,7 +149,8 @@ def test_gradient_matches_finite_differences():
         Objective("dr_grpo", clip_low=0.9, clip_high=10.0, kl_beta=0.1),
         Objective("gspo", clip_low=0.9, clip_high=10.0, kl_beta=0.1),
     ):
-        f = jax.jit(lambda lp, o=objective: objective_loss(o, lp, ent, jb)[0])
+        jbo = with_advantages(objective, jb)
+        f = jax.jit(lambda lp, o=objective, b=jbo: objective_loss(o, lp, ent, b)[0])
         analytic = float(jnp.vdot(jax.grad(f)(jnp.asarray(logp)), d))
         h = 1e-2
         numeric = (float(f(logp + h * d)) - float(f(logp - h * d))) / (2 * h)
@@ -240,6 +249,111 @@ def test_masked_padding_groups_change_nothing(objective):
         assert float(paux[key]) == pytest.approx(float(aux[key]), rel=1e-6, abs=1e-9), key
 
 
+# ----------------------------------------------------------------------------- estimators
+
+
+# groups: all equal, one reward apart, all 0, spread, one float32 ulp apart
+SIGNAL_REWARDS = np.array(
+    [
+        [0.5] * 4,
+        [1, 1, 1, 0],
+        [0] * 4,
+        [0.1, 0.7, 0.4, 0.9],
+        [2, 2, 2, np.nextafter(np.float32(2), np.float32(3))],
+    ],
+    np.float32,
+)
+
+
+@pytest.mark.parametrize("name, normalize", [("grpo", True), ("dr_grpo", False)])
+def test_registered_estimators_match_numpy(name, normalize):
+    rewards = np.random.default_rng(9).random((5, 6)).astype(np.float32)
+    rewards[1] = 0.25  # degenerate: exactly 0
+    adv = np.asarray(estimate(name, rewards, EPS))
+    assert adv.dtype == np.float32 and (adv[1] == 0).all()
+    np.testing.assert_allclose(adv, np_advantages(rewards, normalize), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(ESTIMATORS))
+def test_every_estimator_declares_the_signal_its_advantages_carry(name):
+    """A registered estimator's signal rule (what the step's skip, the RL loop's `has_signal`
+    and dynamic sampling read) says exactly which groups get a non-zero advantage; every one
+    registered is group-relative: a group of equal rewards gets exactly 0."""
+    adv = np.asarray(estimate(name, SIGNAL_REWARDS, EPS))
+    signal = np.asarray(group_signal(name, SIGNAL_REWARDS))
+    np.testing.assert_array_equal(signal, (adv != 0).any(1))
+    assert signal.tolist() == [False, True, False, True, True]
+
+
+def test_objectives_read_the_batch_advantages_not_the_rewards():
+    """The loss takes `advantages` as the batch carries them (the step computes them once, over
+    the whole batch): negated, they negate the unclipped surrogate; other rewards under the same
+    advantages change nothing."""
+    batch, logp = make_batch(8)
+    o = Objective("grpo", clip_low=0.9, clip_high=10.0)  # no clipping: linear in A
+    jb = with_advantages(o, {k: jnp.asarray(v) for k, v in batch.items()})
+    ent = jnp.zeros(logp.shape, jnp.float32)
+    loss = float(objective_loss(o, logp, ent, jb)[0])
+    flipped = float(objective_loss(o, logp, ent, {**jb, "advantages": -jb["advantages"]})[0])
+    assert abs(loss) > 1e-4 and flipped == pytest.approx(-loss, rel=1e-6)
+    other = float(objective_loss(o, logp, ent, {**jb, "rewards": jb["rewards"] * 5 + 1})[0])
+    assert other == loss
+
+
+def test_objective_names_its_estimator_and_config_can_override_it():
+    """dr_grpo's own estimator is the mean-centred one, the others' GRPO's; `rl.estimator`
+    replaces it; an unknown estimator is a one-line ValueError."""
+    assert [Objective(n).advantage_estimator for n in OBJECTIVES] == [
+        "grpo", "dr_grpo", "grpo", "grpo",
+    ]  # fmt: skip
+    rl = base_config().rl
+    rl.objective, rl.estimator = "grpo", "dr_grpo"
+    o = objective_from_config(rl)
+    assert (o.name, o.advantage_estimator) == ("grpo", "dr_grpo")
+    batch, logp = make_batch(10)
+    adv = np.asarray(
+        with_advantages(o, {k: jnp.asarray(v) for k, v in batch.items()})["advantages"]
+    )
+    np.testing.assert_allclose(adv, np_advantages(batch["rewards"], False), atol=1e-6)
+    with pytest.raises(ValueError, match="^estimator 'ppo'; expected one of grpo, dr_grpo"):
+        Objective(estimator="ppo")
+
+
+def test_a_name_is_registered_once():
+    """The compiled step is keyed by names and declared settings, so a name always means one
+    function: a second registration under a taken name (a variant with a setting captured in a
+    closure, say) is refused."""
+    with pytest.raises(ValueError, match="^objective 'grpo' is already registered$"):
+        register_objective("grpo")(token_ratio)
+    with pytest.raises(ValueError, match="^estimator 'grpo' is already registered$"):
+        register_estimator("grpo")(lambda r, eps: r)
+    assert list(OBJECTIVES) == ["grpo", "dr_grpo", "dapo", "gspo"]
+
+
+def test_the_estimators_signal_rule_decides_the_skip_the_loop_and_dynamic_sampling(monkeypatch):
+    """One rule, from the estimator: with a (test-only) estimator whose baseline is not the
+    group's own, a group of equal rewards carries signal, so the loss does not ask for a skip,
+    `has_signal` steps the minibatch and dynamic sampling keeps the group; GRPO's rule says no
+    to all three. A padding group (`group_mask` 0) counts for neither."""
+    const = Estimator(lambda r, eps: r - 0.5, lambda r: jnp.any(r != 0.5))
+    monkeypatch.setitem(ESTIMATORS._items, "test_fixed_baseline", const)
+    batch, logp = make_batch(11)
+    batch["rewards"][:] = 1.0  # every group degenerate
+    batch["group_mask"] = np.array([1.0, 1.0, 0.0], np.float32)
+    ent = jnp.zeros(logp.shape, jnp.float32)
+    for name, signal in (("grpo", False), ("test_fixed_baseline", True)):
+        o = Objective(estimator=name)
+        jb = with_advantages(o, {k: jnp.asarray(v) for k, v in batch.items()})
+        assert float(objective_loss(o, logp, ent, jb)[1]["signal_max"]) == float(signal)
+        assert has_signal(batch, name) is signal
+        draw, _ = fake_draws([[False] * 4])  # all-0 rewards: degenerate
+        filled = fill_groups(draw, 4, 3, budget=12, dynamic=True, estimator=name, max_rounds=1)
+        assert filled.num_trained == (4 if signal else 0)
+    padding_only = dict(batch, rewards=batch["rewards"].copy())
+    padding_only["rewards"][:2] = 0.5  # the rule's "no signal" on every valid group
+    assert not has_signal(padding_only, "test_fixed_baseline")
+
+
 # ----------------------------------------------------------------------------- dynamic sampling
 
 
@@ -272,7 +386,7 @@ def trained_rewards(filled) -> np.ndarray:
 def test_fill_groups_keeps_only_informative_groups_and_counts_the_extra_rollouts():
     rounds = [[True, False, True, False], [False, True, False, False], [True, False, True, True]]
     draw, calls = fake_draws(rounds)
-    filled = fill_groups(draw, 4, 3, budget=10**6, dynamic=True, max_rounds=4)
+    filled = fill_groups(draw, 4, 3, budget=10**6, dynamic=True, estimator="grpo", max_rounds=4)
     assert calls == [(0, 4), (1, 4), (2, 4)]  # one round shape, until 4 are in hand
     kept = trained_rewards(filled)
     assert kept.shape == (4, 3) and (kept.max(1) != kept.min(1)).all()
@@ -283,17 +397,19 @@ def test_fill_groups_keeps_only_informative_groups_and_counts_the_extra_rollouts
 def test_fill_groups_cap_budget_minibatches_and_plain_grpo():
     never = [[False] * 4] * 4
     draw, calls = fake_draws(never)
-    capped = fill_groups(draw, 4, 3, budget=10**6, dynamic=True, max_rounds=3)
+    capped = fill_groups(draw, 4, 3, budget=10**6, dynamic=True, estimator="grpo", max_rounds=3)
     assert calls == [(0, 4), (1, 4), (2, 4)] and capped.num_trained == 0
     assert capped.generated == 36
     draw, calls = fake_draws(never)
-    assert fill_groups(draw, 4, 3, budget=20, dynamic=True).generated == 18  # 4 + 2 groups
+    assert (
+        fill_groups(draw, 4, 3, budget=20, dynamic=True, estimator="grpo").generated == 18
+    )  # 4 + 2 groups
     assert calls == [(0, 4), (1, 2)]  # the budget, not the shape, cuts the last round
     draw, _ = fake_draws([[True, True, False, True], [False]])
-    cut = fill_groups(draw, 4, 3, budget=15, dynamic=True, multiple_of=2)
+    cut = fill_groups(draw, 4, 3, budget=15, dynamic=True, estimator="grpo", multiple_of=2)
     assert cut.num_trained == 2 and cut.trained[0].tolist() == [True, True, False, False]
     draw, calls = fake_draws([[True, False, False, True]])
-    plain = fill_groups(draw, 4, 3, budget=10**6, dynamic=False)
+    plain = fill_groups(draw, 4, 3, budget=10**6, dynamic=False, estimator="grpo")
     assert calls == [(0, 4)] and plain.num_trained == 4 and plain.generated == 12
 
 

@@ -366,3 +366,32 @@ def test_arms_with_the_same_settings_compile_the_fused_step_once(params):
         shardings=shardings, key=OptimConfig(lr=1e-3, total_steps=10),
     )  # fmt: skip
     assert other.jitted is not steps["grpo"].jitted
+
+
+def test_the_step_is_keyed_by_the_objectives_declared_settings(params):
+    """The compiled-step cache keys a program by the `Objective`'s fields (objective and
+    estimator names, every setting), not by the loss function's code: equal objectives share
+    one program (compiled once), and objectives that differ only in one setting (a clip bound,
+    the estimator, its eps) compile one each."""
+    from rcgrpo_jax import compilation
+
+    mesh = models.make_mesh((8, 1, 1))
+    optim = OptimConfig(lr=1e-2, total_steps=10)
+    batch = make_batch(params, kl=False)[0]
+
+    def make(objective):
+        state, optimizer, shardings = _state(params, mesh)
+        step = make_rl_step(CFG, objective, optimizer, mesh=mesh, shardings=shardings, key=optim)
+        return state, step
+
+    before = compilation.programs("jit(step_fn)")
+    (state_a, a), (state_b, b) = make(rl.Objective()), make(rl.Objective())
+    wider = make(rl.Objective(clip_high=0.3))
+    a(state_a, batch), b(state_b, batch), wider[1](wider[0], batch)
+    assert a.jitted is b.jitted and wider[1].jitted is not a.jitted
+    assert compilation.programs("jit(step_fn)") - before == 2  # by JAX's own events
+    others = [rl.Objective(estimator="dr_grpo"), rl.Objective(adv_eps=1e-5)]
+    programs = {id(make(o)[1].jitted) for o in others}
+    assert (
+        len(programs) == 2 and id(a.jitted) not in programs and id(wider[1].jitted) not in programs
+    )

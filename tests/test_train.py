@@ -311,3 +311,32 @@ def test_train_loop_writes_metrics_and_resumes(tmp_path: Path, setup_124, host_p
     assert int(state.step) == 4 and [h["step"] for h in hist] == [1, 2, 3, 4]
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 4 and steps == [2, 3, 4]
+
+
+def test_prepare_sees_the_whole_batch_before_the_microbatch_split():
+    """`make_train_step`'s `prepare` (where the RL step computes its advantages) runs inside
+    the jit on the whole batch before it is split into microbatches: a batch-wide statistic it
+    adds (the sum over every row) reaches each microbatch's loss whole, not the microbatch's
+    own sum (56 and 64 here, rows a, a + 2, ...)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = models.make_mesh((8, 1, 1))
+    rep = {"w": NamedSharding(mesh, PartitionSpec())}
+    params = {"w": jnp.ones((2,), jnp.float32)}
+    opt = optim.make_optimizer(OCFG)
+    shardings = st.state_shardings(opt, rep, mesh, params)
+    init = st.make_init_state(opt, mesh=mesh, param_shardings=rep, params_like=params)
+
+    def loss_fn(p, batch, rng):
+        del rng
+        aux = {"total_max": jnp.max(batch["total"]), "rows_sum": jnp.sum(batch["x"] * 0 + 1)}
+        return jnp.sum(p["w"]) * jnp.mean(batch["x"]), aux
+
+    prepare = lambda b: {**b, "total": jnp.full_like(b["x"], jnp.sum(b["x"]))}
+    step = st.make_train_step(
+        loss_fn, opt, mesh=mesh, shardings=shardings, grad_accum=2, prepare=prepare
+    )
+    x = np.arange(16, dtype=np.float32)
+    _, metrics = step(init(params, 0), {"x": x})
+    assert float(metrics["total_max"]) == x.sum() == 120
+    assert float(metrics["rows_sum"]) == 16  # both microbatches ran

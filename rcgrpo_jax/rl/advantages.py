@@ -1,50 +1,109 @@
-"""Group-relative advantages and reward-token assignment, as vmapped per-group functions.
+"""Advantage estimators and reward-token assignment, as vmapped per-group functions.
 
 Both are written for one group and lifted over the P groups of a step with `jax.vmap`, and both
-run inside the fused train step: the advantages of the step's rollouts, and the reward tokens of
-the next iteration's (`TokenDraw`, `draw_reward_tokens`; the same function, jitted, on the host
-for a run's first iteration and for dynamic sampling's later rounds).
+run inside the fused train step: the advantages of the step's rollouts (an `Estimator`,
+registered by name with `@register_estimator`, run over the whole batch before it is split
+into microbatches), and the reward tokens of the next iteration's (`TokenDraw`,
+`draw_reward_tokens`; the same function, jitted, on the host for a run's first iteration and for
+dynamic sampling's later rounds).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from rcgrpo_jax.envs.reward_tokens import HIGH, LOW, NONE
+from rcgrpo_jax.rl.registry import Registry
+
+ADVANTAGES = "advantages"  # the batch field [P, G] the estimator step adds and the loss reads
+GROUP_SIGNAL = "group_signal"  # [P] float: 1 where the estimator says the group carries signal
 
 
-def _group_advantage(rewards: jax.Array, eps: float, normalize_std: bool) -> jax.Array:
-    """(r - mean) / (std + eps) for one group (r - mean without `normalize_std`); exactly 0
-    when every reward is equal."""
+def rewards_differ(rewards: jax.Array) -> jax.Array:
+    """One group [G] -> bool []: whether its rewards are not all equal: the signal rule of every
+    group-relative estimator (equal rewards give exactly 0 advantages, hence no gradient)."""
+    return ~jnp.all(rewards == rewards[0])  # not `sigma > 0`: float rounding must not decide
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+    """A registered advantage estimator: `advantage(rewards [G], eps) -> [G]` for one group
+    (float32; vmapped over the groups of the whole batch), and `signal(rewards [G]) -> bool []`,
+    whether that group's advantages can be non-zero. A batch whose valid groups all lack signal
+    is not stepped (the RL loop) and leaves the state untouched if it is (`train.state`); dynamic
+    sampling keeps only groups with signal."""
+
+    advantage: Callable[[jax.Array, float], jax.Array]
+    signal: Callable[[jax.Array], jax.Array]
+
+
+ESTIMATORS: Registry[Estimator] = Registry("estimator")
+
+
+def register_estimator(
+    name: str, signal: Callable[[jax.Array], jax.Array] = rewards_differ
+) -> Callable:
+    """Decorator: registers `fn(rewards [G], eps) -> advantages [G]` as estimator `name`
+    (`rl.estimator` selects it), with its signal rule (default: the group's rewards differ)."""
+
+    def register(fn: Callable[[jax.Array, float], jax.Array]) -> Callable:
+        ESTIMATORS.add(name, Estimator(fn, signal))
+        return fn
+
+    return register
+
+
+@register_estimator("grpo")
+def normalized_advantage(rewards: jax.Array, eps: float) -> jax.Array:
+    """GRPO's (r - mean) / (std + eps), population std (ddof=0); exactly 0 when every reward
+    is equal."""
     r = rewards.astype(jnp.float32)
     mu = jnp.mean(r)
-    degenerate = jnp.all(r == r[0])  # not `sigma == 0`: float rounding must not leak 1e-8/eps
-    if not normalize_std:
-        return jnp.where(degenerate, 0.0, r - mu)
-    sigma = jnp.sqrt(jnp.mean(jnp.square(r - mu)))  # population std (ddof=0), as GRPO
-    return jnp.where(degenerate, 0.0, (r - mu) / (sigma + eps))
+    sigma = jnp.sqrt(jnp.mean(jnp.square(r - mu)))
+    return jnp.where(rewards_differ(r), (r - mu) / (sigma + eps), 0.0)
 
 
-def group_advantages(
-    rewards: jax.Array, eps: float = 1e-6, normalize_std: bool = True
-) -> jax.Array:
-    """rewards [P, G] -> advantages [P, G], centred (and by default std-normalised) within each
-    group (row)."""
+@register_estimator("dr_grpo")
+def centered_advantage(rewards: jax.Array, eps: float) -> jax.Array:
+    """Dr. GRPO's r - mean (no std division, so no eps); exactly 0 when every reward is equal."""
+    del eps
+    r = rewards.astype(jnp.float32)
+    return jnp.where(rewards_differ(r), r - jnp.mean(r), 0.0)
+
+
+def _groups(rewards: jax.Array) -> jax.Array:
     rewards = jnp.asarray(rewards)
     if rewards.ndim != 2:
         raise ValueError(f"rewards must be [groups, group_size], got shape {rewards.shape}")
-    return jax.vmap(lambda r: _group_advantage(r, eps, normalize_std))(rewards)
+    return rewards
+
+
+def estimate(name: str, rewards: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """rewards [P, G] -> advantages [P, G] by estimator `name`, vmapped over the groups."""
+    fn = ESTIMATORS[name].advantage
+    return jax.vmap(lambda r: fn(r, eps))(_groups(rewards))
+
+
+def group_signal(name: str, rewards: jax.Array) -> jax.Array:
+    """rewards [P, G] -> [P] bool: the groups that carry signal under estimator `name`."""
+    return jax.vmap(ESTIMATORS[name].signal)(_groups(rewards))
+
+
+def group_advantages(rewards: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """rewards [P, G] -> advantages [P, G], centred and std-normalised within each group (row):
+    estimator "grpo"."""
+    return estimate("grpo", rewards, eps)
 
 
 def degenerate_groups(rewards: jax.Array) -> jax.Array:
-    """[P] bool: groups whose rewards are all equal (their advantages, hence gradients, vanish)."""
-    rewards = jnp.asarray(rewards)
-    return jnp.all(rewards == rewards[:, :1], axis=1)
+    """[P] bool: groups whose rewards are all equal (the reward statistic the logs report)."""
+    return ~jax.vmap(rewards_differ)(_groups(rewards))
 
 
 def stratified_high(p_high: float, group_size: int) -> int:

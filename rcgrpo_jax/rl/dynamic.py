@@ -1,6 +1,7 @@
-"""Dynamic sampling (DAPO): train only on groups whose rewards differ, drawing more to fill.
+"""Dynamic sampling (DAPO): train only on groups that carry signal, drawing more to fill.
 
-A group whose rewards are all equal has zero advantage, so it adds no gradient, only dilutes
+A group without signal (by the advantage estimator's rule, `rl.advantages.group_signal`: for the
+group-relative ones, rewards all equal) has zero advantage, so it adds no gradient, only dilutes
 the batch. `fill_groups` rolls out rounds of prompts until enough informative groups are in
 hand, within a cap on rounds and a budget of generated trajectories. It knows nothing of models:
 `draw(round, n)` is whatever produces n groups (the RL stage: a rollout; tests: fake rewards).
@@ -16,7 +17,7 @@ from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
-from rcgrpo_jax.rl.advantages import degenerate_groups
+from rcgrpo_jax.rl.advantages import group_signal
 
 
 class HasRewards(Protocol):
@@ -44,6 +45,7 @@ def fill_groups(
     *,
     budget: int,
     dynamic: bool,
+    estimator: str,
     max_rounds: int = 4,
     multiple_of: int = 1,
 ) -> Filled[R]:
@@ -51,10 +53,11 @@ def fill_groups(
 
     Without `dynamic`: one round of `num_groups` groups, every group kept. With it: every round
     draws `num_groups` groups (one rollout shape, so one set of programs, whatever is missing),
-    keeps its informative groups up to the number still missing and drops the rest, for at most
-    `max_rounds` rounds. No round generates past `budget` trajectories (it draws fewer groups,
-    or none). The kept groups are then cut to a multiple of `multiple_of` (an update needs the
-    same whole number of groups in every minibatch), the last-drawn dropped first."""
+    keeps its informative groups (those with signal under advantage estimator `estimator`) up
+    to the number still missing and drops the rest, for at most `max_rounds` rounds. No round
+    generates past `budget` trajectories (it draws fewer groups, or none). The kept groups are
+    then cut to a multiple of `multiple_of` (an update needs the same whole number of groups in
+    every minibatch), the last-drawn dropped first."""
     rounds: list[R] = []
     keep: list[np.ndarray] = []
     kept = generated = 0
@@ -66,7 +69,7 @@ def fill_groups(
         if np.shape(out.rewards) != (n, group_size):
             raise ValueError(f"draw({r}, {n}) gave rewards of shape {np.shape(out.rewards)}")
         generated += n * group_size
-        mask = ~np.asarray(degenerate_groups(out.rewards)) if dynamic else np.ones(n, bool)
+        mask = np.array(group_signal(estimator, out.rewards)) if dynamic else np.ones(n, bool)
         mask[np.flatnonzero(mask)[num_groups - kept :]] = False  # enough: the rest unused
         rounds.append(out)
         keep.append(mask)

@@ -1,11 +1,14 @@
-"""The RL policy losses (GRPO, Dr. GRPO, DAPO, GSPO) over a [P, G, T] batch of rollouts.
+"""The RL policy losses (GRPO, Dr. GRPO, DAPO, GSPO), each registered by name
+(`@register_objective`), over a [P, G, T] batch of rollouts.
 
 Batch (all leading dims [P, G]; P prompts × G rollouts):
 - tokens, positions, segments [P, G, T]: the full trajectory (prompt + turns + tool results).
 - loss_mask [P, G, T]: 1 on policy-generated tokens (assistant turns), aligned with tokens.
 - old_logprobs [P, G, T]: log p_old(tokens[t] | < t) from the rollout (0 where not generated).
 - ref_logprobs [P, G, T]: same under the frozen reference policy (only read when kl_beta > 0).
-- rewards [P, G]: the trajectory rewards R(τ); advantages are computed from them in the step.
+- rewards [P, G]: the trajectory rewards R(τ).
+- advantages [P, G], group_signal [P]: the estimator's, from the rewards (`with_advantages`: the
+  fused step's first step, over the whole batch; `policy_loss` adds them where missing).
 - reward_token [P, G]: HIGH / LOW / NONE — only for metrics.
 - group_mask [P] (optional, default all 1): 0 on a padding group, which then counts nowhere (no
   token, no group statistic): dynamic sampling keeps the step's shape at P groups with it.
@@ -16,7 +19,7 @@ Batch (all leading dims [P, G]; P prompts × G rollouts):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -26,32 +29,79 @@ import ml_collections
 from rcgrpo_jax import models
 from rcgrpo_jax.envs.reward_tokens import HIGH, LOW, NONE
 from rcgrpo_jax.models import ModelConfig
-from rcgrpo_jax.rl.advantages import degenerate_groups, group_advantages
+from rcgrpo_jax.rl.advantages import (
+    ADVANTAGES,
+    ESTIMATORS,
+    GROUP_SIGNAL,
+    degenerate_groups,
+    estimate,
+    group_signal,
+)
+from rcgrpo_jax.rl.registry import Registry
+
+AGGREGATIONS = ("token", "sequence", "constant")
 
 
 @dataclasses.dataclass(frozen=True)
-class Pieces:
-    """What distinguishes one objective from another inside `policy_loss`."""
+class Declared:
+    """A registered objective: its importance ratio, how its per-token terms are aggregated and
+    the advantage estimator it uses unless `rl.estimator` names another."""
 
-    normalize_std: bool  # advantage (r - mean) / (std + eps); False: r - mean (Dr. GRPO)
-    sequence_ratio: bool  # GSPO: one ratio per sequence, exp(mean of the token log-ratios)
-    aggregation: str | None  # token | sequence | constant; None: the objective's `aggregation`
+    ratio: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+    # token: sum over the batch's generated tokens / their count (DAPO's token-level loss);
+    # sequence: the mean over sequences of each one's token mean (GRPO's original form);
+    # constant: sum / (sequences x a fixed length), free of each sequence's length (Dr. GRPO);
+    # None: the `Objective`'s own `aggregation` (token or sequence)
+    aggregation: str | None
+    estimator: str
+    # the config keys of its clip range, rl.<clip>_low / rl.<clip>_high (`objective_from_config`)
+    clip: str = "clip"
 
 
-# token: sum over the batch's generated tokens / their count (DAPO's token-level loss);
-# sequence: the mean over sequences of each one's token mean (GRPO's original form);
-# constant: sum / (sequences x a fixed length), free of each sequence's length (Dr. GRPO).
-OBJECTIVES: dict[str, Pieces] = {
-    "grpo": Pieces(normalize_std=True, sequence_ratio=False, aggregation=None),
-    "dr_grpo": Pieces(normalize_std=False, sequence_ratio=False, aggregation="constant"),
-    "dapo": Pieces(normalize_std=True, sequence_ratio=False, aggregation="token"),
-    "gspo": Pieces(normalize_std=True, sequence_ratio=True, aggregation="sequence"),
-}
+OBJECTIVES: Registry[Declared] = Registry("objective")
+
+
+def register_objective(
+    name: str, *, aggregation: str | None = None, estimator: str = "grpo", clip: str = "clip"
+) -> Callable:
+    """Decorator: registers `ratio(logp, old, mask) -> [P, G, T]` (log-probs now and at the
+    rollout, the loss mask; the ratio's value at every token) as objective `name` (`rl.objective`
+    selects it). `objective_loss` clips the ratio to [1 - clip_low, 1 + clip_high] (from the
+    config keys rl.<clip>_low / rl.<clip>_high), weighs it by the advantages, adds the KL term
+    and aggregates as declared."""
+    if aggregation not in (None, *AGGREGATIONS):
+        raise ValueError(f"aggregation={aggregation!r}; expected one of {', '.join(AGGREGATIONS)}")
+    ESTIMATORS[estimator]  # an unknown estimator: the registry's one-line ValueError
+
+    def register(ratio: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]) -> Callable:
+        OBJECTIVES.add(name, Declared(ratio, aggregation, estimator, clip))
+        return ratio
+
+    return register
+
+
+@register_objective("dapo", aggregation="token")
+@register_objective("dr_grpo", aggregation="constant", estimator="dr_grpo")
+@register_objective("grpo")  # decorators apply bottom up: the default is registered first
+def token_ratio(logp: jax.Array, old: jax.Array, mask: jax.Array) -> jax.Array:
+    """p / p_old per token."""
+    del mask
+    return jnp.exp(logp - old)
+
+
+@register_objective("gspo", aggregation="sequence", clip="gspo_clip")
+def sequence_ratio(logp: jax.Array, old: jax.Array, mask: jax.Array) -> jax.Array:
+    """GSPO: one ratio per sequence, s_i = exp(mean_t (logp - old)) over its loss tokens, the
+    same at every token of the sequence."""
+    log_s = jnp.sum((logp - old) * mask, -1) / jnp.maximum(jnp.sum(mask, -1), 1.0)
+    return jnp.broadcast_to(jnp.exp(log_s)[..., None], logp.shape)
 
 
 @dataclasses.dataclass(frozen=True)
 class Objective:
-    """An RL objective as data: its name (which `Pieces`) and its parameters."""
+    """An RL objective as data: the registered objective and estimator it names, and every
+    setting they read. It is the compiled step's key (`rl.train_step.make_rl_step`): whatever
+    changes the loss must be a field here."""
 
     name: str = "grpo"
     clip_low: float = 0.2  # ratio floor 1 - clip_low
@@ -62,13 +112,15 @@ class Objective:
     # dr_grpo: the fixed tokens per sequence of its divisor (the stage passes rl.max_len); 0 = the
     # step's T, which is bucketed to the batch's content and so not fixed across iterations
     norm_length: int = 0
+    estimator: str = ""  # a registered advantage estimator; "": the objective's own
 
     def __post_init__(self) -> None:
-        if self.name not in OBJECTIVES:
-            raise ValueError(f"objective {self.name!r}; expected one of {', '.join(OBJECTIVES)}")
+        # an unknown name: the registry's one-line ValueError
+        own = OBJECTIVES[self.name].aggregation
+        if self.estimator:
+            ESTIMATORS[self.estimator]
         if self.aggregation not in ("token", "sequence"):
             raise ValueError(f"aggregation={self.aggregation!r}; expected 'token' or 'sequence'")
-        own = OBJECTIVES[self.name].aggregation
         if own is not None and self.aggregation != "token":
             raise ValueError(
                 f"objective {self.name!r} aggregates by {own}; aggregation="
@@ -76,8 +128,25 @@ class Objective:
             )
 
     @property
-    def pieces(self) -> Pieces:
+    def declared(self) -> Declared:
         return OBJECTIVES[self.name]
+
+    @property
+    def advantage_estimator(self) -> str:
+        """The estimator's name: `estimator`, or the objective's own where that is empty."""
+        return self.estimator or self.declared.estimator
+
+
+def with_advantages(objective: Objective, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """The batch with `advantages` [P, G] and `group_signal` [P] (1.0 where the group carries
+    signal) from the objective's estimator over all of its groups: the fused step runs this on
+    the whole batch before splitting it into microbatches."""
+    name, rewards = objective.advantage_estimator, batch["rewards"]
+    return {
+        **batch,
+        ADVANTAGES: estimate(name, rewards, objective.adv_eps),
+        GROUP_SIGNAL: group_signal(name, rewards).astype(jnp.float32),
+    }
 
 
 def logprobs_and_entropy(
@@ -102,7 +171,10 @@ def policy_loss(
     cfg: ModelConfig, objective: Objective, params: Any, batch: Mapping[str, jax.Array]
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`objective_loss` of the policy's current log-probs of the rollouts (at `loss_index`
-    alone when the batch has it)."""
+    alone when the batch has it). A batch without `advantages` gets them here
+    (`with_advantages`; the fused step adds them before its microbatch split)."""
+    if ADVANTAGES not in batch:
+        batch = with_advantages(objective, batch)
     p, g, _ = batch["tokens"].shape
     flat = lambda x: x.reshape(p * g, *x.shape[2:])
     at = batch.get("loss_index")
@@ -116,9 +188,9 @@ def policy_loss(
 def objective_loss(
     objective: Objective, logp: jax.Array, entropy: jax.Array, batch: Mapping[str, jax.Array]
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Clipped surrogate (+ β·k3 KL) of log-probs `logp` [P, G, T] with group advantages
-    computed here from the rewards; the objective picks the advantage's scale, the ratio (per
-    token or per sequence) and how the per-token terms are aggregated.
+    """Clipped surrogate (+ β·k3 KL) of log-probs `logp` [P, G, T] with the batch's
+    `advantages` and `group_signal` (`with_advantages`); the registered objective gives the
+    ratio (per token or per sequence) and how the per-token terms are aggregated.
 
     With batch["loss_index"] [P, G, K], `logp` and `entropy` are [P, G, K] at those positions,
     and loss_mask / old / ref log-probs [P, G, T] are gathered there: every sum runs over the
@@ -132,16 +204,12 @@ def objective_loss(
     # nothing predicts the first token (the index's padding points there)
     mask = mask.at[..., 0].set(0.0) if index is None else jnp.where(index > 0, mask, 0.0)
     old = at(batch["old_logprobs"])
-    pieces = objective.pieces
+    declared = objective.declared
     n_tok = jnp.sum(mask)
     seq_tok = jnp.sum(mask, axis=-1)
 
-    adv = group_advantages(batch["rewards"], objective.adv_eps, pieces.normalize_std)[..., None]
-    if pieces.sequence_ratio:  # s_i = exp(mean_t (logp - old)), the same for all of i's tokens
-        log_s = jnp.sum((logp - old) * mask, -1) / jnp.maximum(seq_tok, 1.0)
-        ratio = jnp.broadcast_to(jnp.exp(log_s)[..., None], logp.shape)
-    else:
-        ratio = jnp.exp(logp - old)
+    adv = batch[ADVANTAGES][..., None]
+    ratio = declared.ratio(logp, old, mask)
     clipped = jnp.clip(ratio, 1.0 - objective.clip_low, 1.0 + objective.clip_high)
     per_token = -jnp.minimum(ratio * adv, clipped * adv)
     kl = jnp.zeros_like(per_token)
@@ -151,7 +219,7 @@ def objective_loss(
         per_token = per_token + objective.kl_beta * kl
 
     has_tok = (seq_tok > 0).astype(jnp.float32)
-    aggregation = pieces.aggregation or objective.aggregation
+    aggregation = declared.aggregation or objective.aggregation
     if aggregation == "token":
         weight = n_tok
         loss = jnp.sum(per_token * mask) / jnp.maximum(n_tok, 1.0)
@@ -187,8 +255,8 @@ def objective_loss(
         "groups_sum": jnp.sum(groups),
         "rollouts_sum": jnp.sum(rows),
         "degenerate_sum": jnp.sum(degenerate_groups(rewards) * groups),
-        # 1 if a counted group's rewards differ (its advantages are not all 0); 0 skips the update
-        "signal_max": jnp.max((~degenerate_groups(rewards)) * groups).astype(jnp.float32),
+        # 1 if a counted group carries signal (the estimator's rule); 0 skips the update
+        "signal_max": jnp.max(batch[GROUP_SIGNAL] * groups),
         "reward_sum": jnp.sum(rewards * rows),
         "abs_adv_sum": jnp.sum(jnp.abs(adv[..., 0]) * rows),
         "high_sum": jnp.sum((rt == HIGH) * rows),
@@ -216,15 +284,17 @@ def summarize(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def objective_from_config(rl: ml_collections.ConfigDict) -> Objective:
-    """The `Objective` that `rl.objective` names, with its parameters from `rl.*`:
-    gspo clips its sequence ratio to its own (much narrower) range, dr_grpo divides by
-    sequences x rl.max_len (the fixed budget of a trajectory)."""
-    gspo = rl.objective == "gspo"
+    """The `Objective` that `rl.objective` names, with its parameters from `rl.*` and the
+    estimator `rl.estimator` ("": the objective's own): the clip range from the keys the
+    objective declares (gspo's sequence ratio: its own, much narrower rl.gspo_clip_*), dr_grpo
+    divides by sequences x rl.max_len (the fixed budget of a trajectory)."""
+    clip = OBJECTIVES[rl.objective].clip
     return Objective(
         name=rl.objective,
-        clip_low=float(rl.gspo_clip_low if gspo else rl.clip_low),
-        clip_high=float(rl.gspo_clip_high if gspo else rl.clip_high),
+        clip_low=float(rl[f"{clip}_low"]),
+        clip_high=float(rl[f"{clip}_high"]),
         kl_beta=float(rl.kl_beta),
         aggregation=rl.aggregation,
         norm_length=int(rl.max_len),
+        estimator=str(rl.estimator),
     )

@@ -1,12 +1,15 @@
 """The fused RL train step: one jit from rollout tensors to updated params.
 
-Inside the jit, read top to bottom: current log-probs and entropy of the [P, G, T] rollouts →
-group advantages from the rewards (vmapped over groups) → clipped surrogate with separate low/high
-clip and optional k3 KL, as the `Objective` says (GRPO, Dr. GRPO, DAPO, GSPO) → gradients
-(scanned over microbatches of whole groups) → skip-if-non-finite → optax update; beside it, the
-next iteration's [P, G] reward tokens (vmapped over groups), when the step is given a `TokenDraw`.
-The step machinery (sharding, donation, accumulation, skipping) is the one SFT uses
-(`train.state.make_train_step`); only the loss and that extra output differ.
+Inside the jit, read top to bottom: advantages of the whole batch's rewards by the objective's
+estimator (vmapped over groups; `with_advantages`, the step's `prepare`), kept as the batch fields
+`advantages` and `group_signal` → split into microbatches of whole groups → per microbatch:
+current log-probs and entropy of the [P, G, T] rollouts → clipped surrogate with separate
+low/high clip and optional k3 KL, as the registered objective says (GRPO, Dr. GRPO, DAPO, GSPO)
+→ gradients (scanned over the microbatches) → skip if non-finite or no group carries signal →
+optax update; beside it, the next iteration's [P, G] reward tokens (vmapped over groups), when
+the step is given a `TokenDraw`. The step machinery (sharding, donation, accumulation, skipping)
+is the one SFT uses (`train.state.make_train_step`); only `prepare`, the loss and that extra
+output differ.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import optax
 
 from rcgrpo_jax.models import ModelConfig
 from rcgrpo_jax.rl.advantages import TokenDraw, draw_reward_tokens
-from rcgrpo_jax.rl.losses import Objective, logprobs_and_entropy, policy_loss
+from rcgrpo_jax.rl.losses import Objective, logprobs_and_entropy, policy_loss, with_advantages
 from rcgrpo_jax.train.state import TrainState, make_train_step
 
 NEXT_REWARD_TOKENS = "next_reward_tokens"  # the metrics key of the next iteration's [P, G] tokens
@@ -46,7 +49,9 @@ def make_rl_step(
 
     `key`: what determines `optimizer` and the schedule (their `OptimConfig`); with it, every
     RL step of the same model config, objective, draw shape and key shares one program (all
-    arms of stage `all`), compiled once per shape.
+    arms of stage `all`), compiled once per shape. The program is keyed by the `Objective`'s
+    fields (the registered objective's and estimator's names and every setting they read),
+    never by the functions' code.
     """
     # the program sees only the draw's shape
     shape = None if reward_token_draw is None else reward_token_draw.shape()
@@ -54,6 +59,9 @@ def make_rl_step(
     def loss_fn(params, batch, rng):
         del rng  # the loss is deterministic given the rollouts
         return policy_loss(cfg, objective, params, batch)
+
+    def prepare(batch):  # advantages over the whole batch, before the microbatch split
+        return with_advantages(objective, batch)
 
     def outputs(batch):
         if "iteration" not in batch:
@@ -65,6 +73,7 @@ def make_rl_step(
         optimizer,
         outputs=None if reward_token_draw is None else outputs,
         inputs=None if reward_token_draw is None else reward_token_draw.inputs(),
+        prepare=prepare,
         key=None if key is None else ("rl", cfg, objective, shape, key),
         **step_options,
     )

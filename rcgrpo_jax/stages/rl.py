@@ -6,14 +6,15 @@ One RL iteration (`run`'s loop), six steps, each a function below:
    r_j ~ P_sample(r), GRPO `rl.grpo_token`; those the previous iteration's fused step drew,
    else the same draw on the host); (2) run the P × G multi-turn rollouts (KV cache kept
    across turns), scored by the environment; (3) select the groups: with `rl.dynamic_sampling`
-   drop those whose rewards are all equal and draw more, at most `rl.dynamic_max_rounds`
-   rounds (`fill_groups`).
+   drop those without signal (the estimator's rule: for the group-relative ones, rewards all
+   equal) and draw more, at most `rl.dynamic_max_rounds` rounds (`fill_groups`).
 4. `train_on`: the kept groups laid out as P (`train_batch`: any short of P masked out, so the
    step never recompiles for their number), then `rl.epochs` × `rl.minibatches` fused steps
-   over whole groups, advantages and the loss `rl.objective` inside the step, each step also
-   drawing the next iteration's reward tokens. A minibatch without signal (`has_signal`: all
-   groups degenerate) is not stepped: the step would leave the state untouched
-   (`train.state`). With `rl.shuffle_rewards` (the control) the rewards are permuted.
+   over whole groups, advantages (`rl.estimator`) and the loss `rl.objective` inside the step,
+   each step also drawing the next iteration's reward tokens. A minibatch without signal
+   (`has_signal`: no group carries any by the estimator's rule) is not stepped: the step would
+   leave the state untouched (`train.state`). With `rl.shuffle_rewards` (the control) the
+   rewards are permuted.
 5. `evaluation_due` / `evaluate`: held-out success at the start (the record of iteration 0),
    at the budget points (`rl.eval_points`), every `rl.eval_every` iterations and at the end,
    always under one token (`evaluation_token`), greedy and, at the start and the end, the mean
@@ -61,11 +62,11 @@ from rcgrpo_jax.envs.entries import Entry
 from rcgrpo_jax.envs.reward_tokens import HIGH
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.models import ModelConfig, Params
-from rcgrpo_jax.rl.advantages import TokenDraw, degenerate_groups
+from rcgrpo_jax.rl.advantages import TokenDraw, group_signal
 from rcgrpo_jax.rl.curve import Curve, budget_points, reached
 from rcgrpo_jax.rl.draws import prompts_for, reward_tokens_for, rollout_seed, shuffled, token_draw
 from rcgrpo_jax.rl.dynamic import fill_groups, padded_batch
-from rcgrpo_jax.rl.losses import objective_from_config
+from rcgrpo_jax.rl.losses import Objective, objective_from_config
 from rcgrpo_jax.rl.rollout import Rollouts, RolloutSettings, collect, concat_groups
 from rcgrpo_jax.rl.train_step import NEXT_REWARD_TOKENS, make_rl_step, sequence_logprobs
 from rcgrpo_jax.stages import rl_report, setup
@@ -129,8 +130,9 @@ def _global(x: np.ndarray, mesh) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class RunContext:
     """What every iteration of a run reads: the model's config, tokenizer and mesh, the
-    environment and its prompt pools, the rollout settings, the reward-token draw, the fused
-    step, the frozen KL reference (None without KL) and the trajectory budget with its
+    environment and its prompt pools, the rollout settings, the reward-token draw, the
+    objective (whose estimator decides which groups carry signal), the fused step, the frozen
+    KL reference (None without KL) and the trajectory budget with its
     evaluation points."""
 
     config: ml_collections.ConfigDict  # the run's whole config
@@ -143,6 +145,7 @@ class RunContext:
     test_pool: list[Entry]
     settings: RolloutSettings
     reward_token_draw: TokenDraw
+    objective: Objective
     step_fn: Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, Any]]]
     ref_params: Params | None
     budget: int
@@ -225,7 +228,7 @@ def _prepare(config: ml_collections.ConfigDict, algo: str) -> tuple[RunContext, 
     ctx = RunContext(
         config=config, algo=algo, cfg=training.cfg, tokenizer=initial.tokenizer, mesh=initial.mesh,
         env=env, train_pool=train_pool, test_pool=test_pool, settings=settings,
-        reward_token_draw=reward_token_draw, step_fn=step_fn,
+        reward_token_draw=reward_token_draw, objective=objective, step_fn=step_fn,
         ref_params=initial.params if objective.kl_beta > 0 else None, budget=budget,
         points=budget_points(budget, int(rl.eval_points)) if rl.eval_points else (),
         microbatches=training.optim.grad_accum,
@@ -270,7 +273,8 @@ def roll_out(
 
     filled = fill_groups(
         draw, ctx.num_prompts, ctx.group_size, budget=budget_left,
-        dynamic=bool(rl.dynamic_sampling), max_rounds=int(rl.dynamic_max_rounds),
+        dynamic=bool(rl.dynamic_sampling), estimator=ctx.objective.advantage_estimator,
+        max_rounds=int(rl.dynamic_max_rounds),
         multiple_of=ctx.minibatches * ctx.microbatches,
     )  # fmt: skip
     return Generated(
@@ -296,12 +300,13 @@ def train_batch(ctx: RunContext, generated: Generated, iteration: int) -> dict[s
     return batch
 
 
-def has_signal(minibatch: dict[str, np.ndarray]) -> bool:
+def has_signal(minibatch: dict[str, np.ndarray], estimator: str = "grpo") -> bool:
     """Whether an update's minibatch holds a group that carries signal: one of its valid groups
-    (`group_mask`) has rewards that differ. Without one the fused step computes the update and
-    leaves the state untouched (`train.state`), so the loop does not call it."""
+    (`group_mask`) does by advantage estimator `estimator`'s rule (grpo's: its rewards differ).
+    Without one the fused step computes the update and leaves the state untouched
+    (`train.state`), so the loop does not call it."""
     valid = np.asarray(minibatch["group_mask"]) > 0
-    return bool((~np.asarray(degenerate_groups(minibatch["rewards"]))[valid]).any())
+    return bool(np.asarray(group_signal(estimator, minibatch["rewards"]))[valid].any())
 
 
 def train_on(ctx: RunContext, state: TrainState, generated: Generated, iteration: int) -> Update:
@@ -316,7 +321,7 @@ def train_on(ctx: RunContext, state: TrainState, generated: Generated, iteration
         for _ in range(int(ctx.rl.epochs)):
             for minibatch in _minibatches(batch, ctx.minibatches):
                 planned += 1
-                if not has_signal(minibatch):
+                if not has_signal(minibatch, ctx.objective.advantage_estimator):
                     continue
                 minibatch["iteration"] = np.int32(iteration)  # keys the next tokens' draw
                 inputs = {k: _global(v, ctx.mesh) for k, v in minibatch.items()}

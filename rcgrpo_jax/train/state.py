@@ -273,9 +273,11 @@ def make_train_step(
     donate: bool = True,
     outputs: Callable[[Batch], Mapping[str, jax.Array]] | None = None,
     inputs: Mapping[str, Any] | None = None,
+    prepare: Callable[[Batch], Batch] | None = None,
     key: Hashable | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
-    """One jitted, sharded step: loss/grads (scan over microbatches) → skip-or-apply update.
+    """One jitted, sharded step: prepare → loss/grads (scan over microbatches) → skip-or-apply
+    update.
 
     `shardings` is `state_shardings(...)`; the state is donated. The returned callable takes a
     host-local numpy batch (or global jax arrays) and returns (new_state, metrics) where metrics
@@ -283,16 +285,22 @@ def make_train_step(
     loss_fn's aux values, all replicated scalars; and whatever `outputs(batch)` computes in the
     same program (replicated arrays of any shape: the RL step's next reward tokens). `inputs`:
     scalars added to every batch (run-time settings that would otherwise be baked into the
-    program, such as the RL step's reward-token draw).
+    program, such as the RL step's reward-token draw). `prepare(batch) -> batch`: run on the
+    whole batch inside the jit before it is split into microbatches (the RL step's advantages,
+    which `loss_fn` and `outputs` then read as batch fields).
 
-    `key`: the settings that determine `loss_fn`, `optimizer`, `schedule` and `outputs` (e.g.
-    the model config, the objective and the `OptimConfig`). Steps made with an equal key, mesh,
-    shardings, grad_accum and donation share one jitted function, so stages and arms with the
-    same settings compile each shape once per process. None: a program of its own.
+    `key`: the declared settings that determine `loss_fn`, `prepare`, `optimizer`, `schedule`
+    and `outputs` (e.g. the model config, the `rl.losses.Objective` and the `OptimConfig`); the
+    functions themselves are not part of it, so a setting a function captures must be in `key`.
+    Steps made with an equal key, mesh, shardings, grad_accum and donation share one jitted
+    function, so stages and arms with the same settings compile each shape once per process.
+    None: a program of its own.
     """
 
     def step_fn(state: TrainState, batch: Batch):
         key, sub = jax.random.split(jax.random.wrap_key_data(state.rng))
+        if prepare is not None:
+            batch = prepare(batch)
         loss, grads, aux = _loss_and_grads(loss_fn, state.params, batch, sub, grad_accum)
         grad_norm = optax.global_norm(grads)
         ok = jnp.isfinite(loss) & _all_finite(grads) & (aux.get("signal_max", 1.0) > 0)
@@ -323,11 +331,10 @@ def make_train_step(
         return new_state, metrics
 
     rep = _replicated(mesh)
-    # the caller's key, and what the key cannot forget: the functions' code, which parts exist
-    code = lambda f: None if f is None else getattr(f, "__code__", f)
+    # the caller's key, and what it does not say: which optional parts exist, the layout
     program = None if key is None else (
-        "step", key, code(loss_fn), code(outputs), schedule is None, tuple(sorted(inputs or ())),
-        mesh, _tree_key(shardings), grad_accum, donate,
+        "step", key, prepare is None, outputs is None, schedule is None,
+        tuple(sorted(inputs or ())), mesh, _tree_key(shardings), grad_accum, donate,
     )  # fmt: skip
     jitted = _shared(
         program,
