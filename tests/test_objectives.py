@@ -285,6 +285,34 @@ def test_every_estimator_declares_the_signal_its_advantages_carry(name):
     assert signal.tolist() == [False, True, False, True, True]
 
 
+def test_rloo_matches_a_hand_computed_and_a_numpy_leave_one_out_baseline():
+    """RLOO's A_i = r_i - mean_{j != i} r_j: by hand on small groups, by a numpy loop on random
+    ones (a degenerate group exactly 0); in a batch with padding groups (`group_mask` 0, other
+    rewards) the real groups' advantages are the same and only they count in the loss."""
+    hand = [[1, 0, 0, 0], [1, 0, 0, 1], [0, 1, 0.5, 0.5]]
+    np.testing.assert_allclose(
+        estimate("rloo", np.array(hand, np.float32)),
+        [[1, -1 / 3, -1 / 3, -1 / 3], [2 / 3, -2 / 3, -2 / 3, 2 / 3], [-2 / 3, 2 / 3, 0, 0]],
+        atol=1e-6,
+    )
+    # equal rewards whose float32 leave-one-out mean rounds off their value: still exactly 0
+    assert (np.asarray(estimate("rloo", np.full((1, G), 0.1, np.float32))) == 0).all()
+    batch, logp = make_batch(12)  # group 0 degenerate
+    r = batch["rewards"].astype(np.float64)
+    want = np.array([[g[i] - np.delete(g, i).mean() for i in range(G)] for g in r])
+    assert (want[0] == 0).all() and (want[1:] != 0).all()
+    o = Objective("grpo", estimator="rloo")
+    pad = {k: np.concatenate([v, v[[2, 1]]]) for k, v in batch.items()}
+    pad["rewards"][P:] = [np.arange(G, dtype=np.float32), np.full(G, 0.5, np.float32)]
+    pad["group_mask"] = np.array([1.0] * P + [0.0, 0.0], np.float32)
+    plogp = np.concatenate([logp, logp[[2, 1]]])
+    jb = with_advantages(o, {k: jnp.asarray(v) for k, v in pad.items()})
+    np.testing.assert_allclose(jb["advantages"][:P], want, rtol=1e-5, atol=1e-6)
+    aux = objective_loss(o, plogp, jnp.zeros(plogp.shape, jnp.float32), jb)[1]
+    assert float(aux["abs_adv_sum"]) == pytest.approx(np.abs(want).sum(), rel=1e-5)
+    assert float(aux["groups_sum"]) == P and float(aux["signal_max"]) == 1.0
+
+
 def test_objectives_read_the_batch_advantages_not_the_rewards():
     """The loss takes `advantages` as the batch carries them (the step computes them once, over
     the whole batch): negated, they negate the unclipped surrogate; other rewards under the same

@@ -77,6 +77,16 @@ def centered_advantage(rewards: jax.Array, eps: float) -> jax.Array:
     return jnp.where(rewards_differ(r), r - jnp.mean(r), 0.0)
 
 
+@register_estimator("rloo")
+def leave_one_out_advantage(rewards: jax.Array, eps: float) -> jax.Array:
+    """RLOO: r_i minus the mean of the group's other rewards, (sum - r_i) / (G - 1); exactly 0
+    when every reward is equal (and for a group of one, which has no baseline)."""
+    del eps
+    r = rewards.astype(jnp.float32)
+    baseline = (jnp.sum(r) - r) / max(r.shape[0] - 1, 1)
+    return jnp.where(rewards_differ(r), r - baseline, 0.0)
+
+
 def _groups(rewards: jax.Array) -> jax.Array:
     rewards = jnp.asarray(rewards)
     if rewards.ndim != 2:
