@@ -1,5 +1,6 @@
 """A calculator over bfcl-eval's MathAPI (docs/custom_env.md): a task ("add 3 and 4") scores 1
-when the result of the last tool call equals that of the task's own call ("add(a=3, b=4)")."""
+when the result of the last tool call equals that of the task's own call ("add(a=3, b=4)").
+It also demonstrates each task (that call, then a closing message): stage 1's golden data."""
 
 import random
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from rcgrpo_jax.envs.reward import RewardResult
 QUESTIONS = {"add": "add {a} and {b}", "subtract": "{a} minus {b}", "multiply": "{a} times {b}"}
 DOCS = [d for d in entries.function_docs("MathAPI") if d["name"] in QUESTIONS]  # for `tools=`
 SYSTEM = "Tools: add(a, b), subtract(a, b), multiply(a, b). Reply with a call like [add(a=1, b=2)]."
+CLOSING = prompts.NO_CALL_TEXT  # a step without a call ends the episode
 
 
 def allowed_methods() -> dict:  # only these methods of a fresh MathAPI: text is parsed, never run
@@ -58,14 +60,21 @@ class Calculator:
     categories = ("calculator",)
     error_types = ("calculator:no_call", "calculator:call_error", "calculator:wrong_result")
 
-    def __init__(self, num_train: int = 64, num_test: int = 16, seed: int = 0) -> None:
+    def __init__(
+        self, num_train: int = 64, num_test: int = 16, seed: int = 0, max_operand: int = 99
+    ) -> None:
         self._tasks = {"train": [], "test": []}
         for split, n in (("train", num_train), ("test", num_test)):
-            rng = random.Random(f"{split}/{seed}")
-            for i in range(n):
-                op, a, b = rng.choice(list(QUESTIONS)), rng.randint(0, 99), rng.randint(0, 99)
+            rng, seen = random.Random(f"{split}/{seed}"), {t.truth for t in self._tasks["train"]}
+            if n and len(seen) == len(QUESTIONS) * (max_operand + 1) ** 2:
+                raise ValueError(f"max_operand={max_operand}: the training tasks are all there are")
+            while len(self._tasks[split]) < n:  # a test task is never a training task
+                op = rng.choice(list(QUESTIONS))
+                a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
                 question, truth = QUESTIONS[op].format(a=a, b=b), f"{op}(a={a}, b={b})"
-                self._tasks[split].append(Task(f"calculator_{split}_{i}", question, truth))
+                if truth not in seen:
+                    i = len(self._tasks[split])
+                    self._tasks[split].append(Task(f"calculator_{split}_{i}", question, truth))
 
     def tasks(self, split: str) -> list[Task]:
         return self._tasks[split]
@@ -73,8 +82,12 @@ class Calculator:
     def episode(self, task: Task, settings, reward_token: int | None = None) -> Episode:
         return Episode(task, settings, reward_token)
 
+    def demonstration(self, task: Task) -> list[str]:  # the assistant's texts, step by step
+        return [f"[{task.truth}]", CLOSING]
+
     def tokenizer_corpus(self) -> list[str]:  # texts for the tokenizer a fresh model needs
-        return [text for t in self.tasks("train") for text in (SYSTEM, t.question, f"[{t.truth}]")]
+        texts = (SYSTEM, CLOSING)
+        return [text for t in self.tasks("train") for text in (*texts, t.question, f"[{t.truth}]")]
 
 
 envs.register("calculator", Calculator)

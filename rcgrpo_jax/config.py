@@ -135,10 +135,16 @@ def base_config() -> ml_collections.ConfigDict:
         "wrong_arg", "missing_step", "extra_step", "wrong_order", "premature_stop", "foreign_call",
     )  # fmt: skip
     c.rctp.perturbations_per_entry = 1  # per kind and entry
-    c.rctp.rollouts_per_entry = 0  # trajectories of the initial policy per entry (low quality)
+    # Trajectories of the stage's starting policy per entry, labelled by their reward: RCTP's own
+    # low-quality examples; on an environment without golden trajectories (the protocol alone,
+    # docs/custom_env.md) also SFT's (its successes: rejection sampling). Not the warm start's.
+    c.rctp.rollouts_per_entry = 0
     c.rctp.rollout_batch = 64
     c.rctp.heldout_entries = 0  # whole training entries kept out of the stage-1 data
     c.rctp.max_tokens = 0  # drop longer rendered trajectories (0 = no limit)
+    # Fewest stored training examples of a label the stage trains on (SFT: label 1; RCTP: both)
+    # before the stage refuses to train, in one line naming the counts.
+    c.rctp.min_per_label = 1
     c.rctp.eval_entries = 32  # held-out entries for the controllability report (0 = skip)
     c.rctp.train_steps = 0  # stage `all`: RCTP's train.steps (0 = train.steps, as SFT)
 

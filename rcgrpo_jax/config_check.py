@@ -282,6 +282,7 @@ RULES: dict[str, Rule] = {
     "rctp.rollout_batch": integer(1),
     "rctp.heldout_entries": integer(0),
     "rctp.max_tokens": integer(0),
+    "rctp.min_per_label": integer(0),
     "rctp.eval_entries": integer(0),
     "rctp.train_steps": integer(0),
     "train.steps": integer(0),

@@ -1,10 +1,14 @@
 """A user's own environment, registered from its own file (examples/calculator_env.py, the
-walkthrough of docs/custom_env.md): its verdicts, its eval summary, stage 1's refusal, and one
-`grpo` iteration on it through the command line with nothing changed outside that file."""
+walkthrough of docs/custom_env.md): its verdicts, its eval summary, stage 1's data from its
+demonstrations and rollouts labelled by its verdicts (and the refusal when it has neither), one
+`grpo` iteration and a shortened stage `all` (configs/calculator.py) on it through the command
+line, with nothing changed outside that file."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 
 import numpy as np
 import pytest
@@ -88,26 +92,166 @@ def test_eval_counts_the_calculators_own_error_types(calculator, tmp_path):
 
 
 @pytest.mark.parametrize("stage", ["sft", "rctp", "all"])
-def test_stage_1_refuses_an_environment_without_golden_trajectories(
+def test_stage_1_refuses_an_environment_that_gives_it_no_data(
     calculator, tmp_path, monkeypatch, stage
 ):
-    """One line before any work: no workdir, no mesh, no model."""
+    """Without demonstrations and without rollouts (or, for `all`'s warm start, without
+    demonstrations) stage 1 has nothing to learn from: one line before any work (no workdir,
+    no mesh, no model)."""
     from rcgrpo_jax.stages import all as experiment
     from rcgrpo_jax.stages import setup, sft
 
     def built(*args, **kwargs):
         raise AssertionError("the stage built something before refusing")
 
+    monkeypatch.delattr(calculator.Calculator, "demonstration")
     monkeypatch.setattr(setup, "mesh_from_config", built)
     monkeypatch.setattr(setup, "tokenizer_from_config", built)
     workdir = tmp_path / "run"
     run = experiment.run if stage == "all" else sft.run
+    config = calculator_config(workdir, stage)
+    config.train.warm_start_steps = 5
     with pytest.raises(UserError) as e:
-        run(calculator_config(workdir, stage))
-    message, start = str(e.value), "env.benchmark='calculator' has no golden trajectories: stage"
-    assert message.startswith(f"{start} {stage} needs them")
-    assert "bfcl and synthetic" in message and "rl.init_from" in message and "\n" not in message
+        run(config)
+    message = str(e.value)
+    if stage == "all":
+        start = "env.benchmark='calculator' has no demonstration(task): stage all's warm start"
+    else:
+        start = f"env.benchmark='calculator' gives stage {stage} no data: it has no demonstration"
+    assert message.startswith(start) and "\n" not in message, message
     assert not workdir.exists()
+    if stage != "all":  # rollouts of the starting policy are data enough
+        config.rctp.rollouts_per_entry = 1
+        setup.require_stage1_sources(config, demonstrations=False)
+
+
+def replay(env, task_id: str, decoded) -> float:
+    """The calculator's verdict on a stored trajectory: its decoded calls replayed, step by step,
+    through a fresh episode of its task."""
+    (task,) = [t for t in env.tasks("train") if t.id == task_id]
+    texts = ["[" + ", ".join(step) + "]" for step in decoded[0]]
+    return play(env, task, *texts, "done").result().reward
+
+
+def stand_in_rollouts(env, texts):
+    """`rollouts` for `protocol_sources` without a model: each task played once per text."""
+    from collections import Counter
+
+    from rcgrpo_jax.data import trajectories as T
+
+    def rollouts(tasks):
+        out = []
+        for task in tasks:
+            for text in texts(task):
+                e = play(env, task, text)
+                episode = T.RecordedEpisode(task, e.messages, e.tools, e.decoded)
+                out.append(T.Trajectory(T.ROLLOUT, episode, e.result()))
+        return out, Counter()
+
+    return rollouts
+
+
+def test_protocol_data_are_labelled_by_the_environments_verdict(calculator, tmp_path):
+    """Stage 1's data on an environment with only the protocol: its demonstrations and the
+    (here: stand-in) rollouts, each stored with the label the environment gave it, counted per
+    label, and refused in one line when a label has fewer than `min_per_label` examples."""
+    from test_rctp_data import CharTokenizer, records
+
+    from rcgrpo_jax.data import trajectories as T
+
+    env = calculator.Calculator(num_train=6, num_test=1, seed=1)
+    wrong = "[add(a=100000, b=1)]"  # above any task's answer (operands up to 99)
+    right_and_wrong = lambda task: [f"[{task.truth}]", "no call", wrong]
+    settings = T.DataSettings(chat_format="python", max_steps_per_turn=1, min_per_label=6)
+    sources = T.protocol_sources(env, settings, stand_in_rollouts(env, right_and_wrong))
+    tasks = env.tasks("train")
+    report = T.build_rctp_dataset(settings, CharTokenizer(), tasks, tmp_path, sources=sources)
+    assert report["pool"]["train"] == {"demonstration": {0: 0, 1: 6}, "rollout": {0: 12, 1: 6}}
+    assert report["labels"]["train"] == {0: 12, 1: 12}  # low_per_high 1: every label-0 one
+    stored = records(report["dataset_dir"])
+    assert len(stored) == 24
+    for rec in stored:
+        meta = json.loads(rec["meta"])
+        assert replay(env, rec["entry_id"], meta["decoded"]) == rec["label"] == meta["reward"]
+        assert rec["reward_token"] == report["reward_tokens"][rec["label"]]
+    # plain SFT keeps label 1 only (the rollouts' successes: rejection sampling)
+    sft = dataclasses.replace(settings, enabled=False)
+    sft_report = T.build_rctp_dataset(
+        sft, CharTokenizer(), tasks, tmp_path / "sft", sources=sources
+    )
+    assert sft_report["labels"]["train"] == {0: 0, 1: 12}
+    # too few label-0 examples: one line with the counts
+    only_right = T.protocol_sources(
+        env, settings, stand_in_rollouts(env, lambda t: [f"[{t.truth}]"])
+    )
+    with pytest.raises(T.TooFewExamples) as e:
+        T.build_rctp_dataset(settings, CharTokenizer(), tasks, tmp_path / "x", sources=only_right)
+    message = str(e.value)
+    assert (
+        message.startswith(
+            "stage-1 data (rctp) has 0 label-0 (<|low_reward|>) training examples < "
+            "rctp.min_per_label=6"
+        )
+        and "\n" not in message
+    ), message
+    assert not (tmp_path / "x").exists()
+
+
+CALCULATOR_ALL = {
+    "env.calculator.num_train": 12,
+    "env.calculator.num_test": 4,
+    "train.warm_start_steps": 2,
+    "train.steps": 2,
+    "rctp.train_steps": 2,
+    "rctp.min_per_label": 1,
+    "rl.steps": 1,
+    "rl.max_rollouts": 0,
+    "rl.eval_points": 1,
+    "rl.max_len": 128,
+    "eval.max_len": 128,
+    "arms": "('sft_grpo','rctp_rcgrpo')",
+    "controls": "()",
+    "eval.samples": 0,
+}
+
+
+def test_stage_all_runs_the_whole_method_on_the_calculator(calculator, tmp_path):
+    """configs/calculator.py shrunk to seconds: warm start on the demonstrations, SFT and RCTP
+    on demonstrations + the warm start's rollouts labelled by the calculator's verdicts, then
+    both RL arms."""
+    from test_rctp_data import records
+
+    main(tmp_path, config="configs/calculator.py", **CALCULATOR_ALL)
+    env = calculator.Calculator(num_train=12, num_test=4)
+    reports = {
+        stage: json.loads((tmp_path / stage / "data_report.json").read_text())
+        for stage in ("warm_start", "sft", "rctp")
+    }
+    # the warm start: the demonstrations alone
+    assert reports["warm_start"]["pool"]["train"] == {"demonstration": {"0": 0, "1": 12}}
+    for stage in ("sft", "rctp"):  # both continue on its own rollouts (one per task)
+        pool = reports[stage]["pool"]["train"]
+        assert pool["demonstration"] == {"0": 0, "1": 12}
+        assert sum(pool["rollout"].values()) == 12
+        labels = reports[stage]["labels"]["train"]
+        assert labels["1"] == 12 + pool["rollout"]["1"]  # demonstrations + successes
+        assert labels["0"] == (0 if stage == "sft" else min(pool["rollout"]["0"], labels["1"]))
+        stored = records(reports[stage]["dataset_dir"])
+        assert sum(labels.values()) == len(stored)
+        for rec in stored:  # every label is the calculator's own verdict on the trajectory
+            meta = json.loads(rec["meta"])
+            assert replay(env, rec["entry_id"], meta["decoded"]) == rec["label"]
+    assert pool["rollout"] == reports["sft"]["pool"]["train"]["rollout"]  # the same rollouts
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    arms = summary["arms"]
+    assert list(arms) == ["base", "warm_start", "sft", "rctp", "sft_grpo", "rctp_rcgrpo"]
+    for arm in ("sft_grpo", "rctp_rcgrpo"):
+        assert (
+            arms[arm]["generated_rollouts"]
+            == OVERRIDES["rl.num_prompts"] * OVERRIDES["rl.group_size"]
+        )
+    assert 0.0 <= arms["rctp"]["success_high"] <= 1.0 and 0.0 <= arms["rctp"]["success_low"] <= 1
+    assert (tmp_path / "table.txt").read_text().startswith("arm ")
 
 
 def test_grpo_trains_the_calculator_for_one_iteration(calculator, tmp_path):

@@ -69,11 +69,12 @@ OVERRIDES = {
 }
 
 
-def main(workdir, **extra) -> subprocess.CompletedProcess:
+def main(workdir, config: str = "configs/tiny.py", **extra) -> subprocess.CompletedProcess:
+    """The command line on `config` (a config file) with OVERRIDES and `extra`."""
     args = [f"--config.{k}={v}" for k, v in {**OVERRIDES, **extra}.items()]
     env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS=xla_flags(2))
     out = subprocess.run(
-        [sys.executable, "-m", "rcgrpo_jax.main", "--config=configs/tiny.py",
+        [sys.executable, "-m", "rcgrpo_jax.main", f"--config={config}",
          f"--config.workdir={workdir}", *args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip

@@ -1,17 +1,24 @@
 """RCTP's mixed-quality trajectory dataset (stage 1) and the plain-SFT dataset, from one builder.
 
-Sources, over training-split entries only, all played through `Episode` so tool results and
-follow-up turns are the simulators' own:
+Sources, over training-split entries only, all played through episodes so tool results and
+follow-up turns are the environment's own. For the built-in environments (BFCL-shaped
+`Entry` tasks, `golden_trajectories`):
 - `ground_truth`: the ground-truth calls;
 - `perturb:<kind>`: ground truth changed in one way (`data.perturb.PERTURBATIONS`);
 - `rollout`: a given policy (e.g. the base model via `envs.policies.model_policy`).
+For any other environment (the protocol alone, `envs.base`), `protocol_sources`:
+- `demonstration`: the environment's own demonstrations (`Environment.demonstration`), if any;
+- `rollout`: the starting policy's rollouts, made by the stage (`rl.rollout.collect`) and
+  handed in as `RecordedEpisode`s.
 
 Every trajectory's label is the reward it received (`Episode.result()`), never its source: a
 perturbation that still scores 1 is high quality. RCTP keeps all label-1 trajectories plus
 `low_per_high` label-0 ones per label-1 one, and renders each with its label's reward token at
 the start of the system prompt; plain SFT (`DataSettings.enabled=False`) keeps label-1
-trajectories only, without a token. Records go to `data.store.write_dataset`; `meta` holds the
-decoded calls so a label can be recomputed from the stored record (`recompute_reward`).
+trajectories only, without a token (rejection sampling, where the pool holds rollouts). Records
+go to `data.store.write_dataset`; `meta` holds the decoded calls so a label can be recomputed
+from the stored record (`recompute_reward`, BFCL). A split with fewer than
+`min_per_label` stored examples of a label it needs is refused (`check_label_counts`).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import json
 import logging
 import random
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +40,7 @@ from rcgrpo_jax.data.perturb import (
     perturb,
     plan_key,
 )
-from rcgrpo_jax.envs import prompts
+from rcgrpo_jax.envs import EpisodeSettings, prompts
 from rcgrpo_jax.envs.entries import CATEGORIES, Entry
 from rcgrpo_jax.envs.episode import MAX_STEPS_PER_TURN, Episode
 from rcgrpo_jax.envs.policies import Policy, run_episodes
@@ -43,6 +50,7 @@ from rcgrpo_jax.envs.split import split_ids
 log = logging.getLogger(__name__)
 
 GROUND_TRUTH = "ground_truth"
+DEMONSTRATION = "demonstration"
 ROLLOUT = "rollout"
 PERTURB_PREFIX = "perturb:"
 TRAIN_SPLIT = "train"
@@ -66,6 +74,8 @@ class DataSettings:
     seed: int = 0  # seed
     chat_format: str = "qwen"  # model.chat_format
     max_steps_per_turn: int = MAX_STEPS_PER_TURN  # env.max_steps_per_turn
+    call_timeout_s: float | None = 5.0  # env.call_timeout_s (demonstrations' episodes)
+    min_per_label: int = 0  # rctp.min_per_label: fewer stored examples of a label is an error
 
     def __post_init__(self) -> None:
         unknown = set(self.perturbations) - set(PERTURBATIONS)
@@ -73,12 +83,23 @@ class DataSettings:
             raise ValueError(f"unknown perturbations {sorted(unknown)}; expected {PERTURBATIONS}")
 
 
+@dataclass(frozen=True)
+class RecordedEpisode:
+    """What a record needs of a finished episode (`envs.base.Episode`), kept as plain data:
+    a rollout's episode, possibly run by another process (`rl.rollout.Rollouts.episodes`)."""
+
+    entry: Any  # the task
+    messages: list[dict[str, Any]]
+    tools: list[dict] | None
+    decoded: list[list[list[str]]]
+
+
 @dataclass
 class Trajectory:
     """One finished episode with where it came from and the reward it received."""
 
     source: str
-    episode: Episode
+    episode: Any  # an `envs.base.Episode` (BFCL's `Episode`, a `RecordedEpisode`, ...)
     result: RewardResult
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -155,6 +176,50 @@ def rollout_trajectories(
     return [_finish(ROLLOUT, ep, {}) for ep in episodes]
 
 
+def demonstration_trajectories(
+    env: Any, tasks: Sequence[Any], settings: DataSettings
+) -> list[Trajectory]:
+    """The environment's demonstrations (`Environment.demonstration(task)`: assistant texts, one
+    per step), each played through a fresh episode without a reward token until the texts run
+    out or the episode ends, and labelled by the reward it gets (a demonstration that fails is
+    a label-0 trajectory). Tasks without one, and environments without the method, give none."""
+    demonstration = getattr(env, "demonstration", None)
+    if demonstration is None:
+        return []
+    episode_settings = EpisodeSettings(
+        settings.chat_format, settings.max_steps_per_turn, settings.call_timeout_s
+    )
+    out = []
+    for task in tasks:
+        texts = demonstration(task)
+        if texts is None:
+            continue
+        episode = env.episode(task, episode_settings, reward_token=None)
+        for text in texts:
+            if episode.done:
+                break
+            episode.step(text)
+        out.append(_finish(DEMONSTRATION, episode, {}))
+    return out
+
+
+Sources = Callable[[Sequence[Any]], tuple[list[Trajectory], Counter]]  # tasks -> (pool, skipped)
+
+
+def protocol_sources(env: Any, settings: DataSettings, rollouts: Sources | None = None) -> Sources:
+    """Stage 1's sources on an environment that has only the protocol: its demonstrations, then
+    `rollouts(tasks)` (the starting policy's, labelled by reward; None: none)."""
+
+    def sources(tasks: Sequence[Any]) -> tuple[list[Trajectory], Counter]:
+        pool = demonstration_trajectories(env, tasks, settings)
+        if rollouts is None:
+            return pool, Counter()
+        more, skipped = rollouts(tasks)
+        return pool + more, skipped
+
+    return sources
+
+
 def collect_trajectories(
     entries: Sequence[Entry], settings: DataSettings, policy: Policy | None = None
 ) -> tuple[list[Trajectory], Counter]:
@@ -177,7 +242,7 @@ def trajectory_meta(t: Trajectory) -> dict[str, Any]:
     return {
         "entry_id": t.episode.entry.id,
         "category": t.episode.entry.category,
-        "chat_format": t.episode.chat_format,
+        "chat_format": getattr(t.episode, "chat_format", None),  # BFCL's episodes keep it
         "decoded": t.episode.decoded,
         "reward": t.result.reward,
         "error_type": t.result.error_type,
@@ -273,8 +338,36 @@ def count_labels(items: Iterable[Any]) -> Counts:
 
 
 def _source_order(source: str) -> tuple[int, str]:
-    rank = {GROUND_TRUTH: 0, ROLLOUT: 2}.get(source, 1)
+    rank = {GROUND_TRUTH: 0, DEMONSTRATION: 0, ROLLOUT: 2}.get(source, 1)
     return rank, source
+
+
+def label_totals(counts: Counts) -> dict[int, int]:
+    """{0: n, 1: n} over every source of `counts`."""
+    return {label: sum(row[label] for row in counts.values()) for label in (0, 1)}
+
+
+LABEL_NAMES = {0: "label-0 (<|low_reward|>)", 1: "label-1 (<|high_reward|>)"}
+
+
+class TooFewExamples(ValueError):
+    """The stored training split lacks examples the stage needs (the message is one line)."""
+
+
+def check_label_counts(report: Mapping[str, Any], minimum: int) -> None:
+    """TooFewExamples (one line) when the stored training split holds fewer than `minimum` examples
+    of a label the mode trains on: label 1 for SFT, both for RCTP."""
+    labels = (0, 1) if report["mode"] == "rctp" else (1,)
+    stored = label_totals(report["splits"][TRAIN_SPLIT])
+    pool = label_totals(report["pool"][TRAIN_SPLIT])
+    for label in labels:
+        if stored[label] < minimum:
+            raise TooFewExamples(
+                f"stage-1 data ({report['mode']}) has {stored[label]} {LABEL_NAMES[label]} "
+                f"training examples < rctp.min_per_label={minimum} (trajectories made: "
+                f"{pool[0]} label 0, {pool[1]} label 1; stored per source: "
+                f"{json.dumps(report['splits'][TRAIN_SPLIT])})"
+            )
 
 
 def format_counts(counts: Counts, title: str = "") -> str:
@@ -312,9 +405,14 @@ def build_examples(
     tokenizer: Any,
     entries: Sequence[Entry],
     policy: Policy | None = None,
+    sources: Sources | None = None,
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
-    """Records per split and the counts report, without writing anything."""
+    """Records per split and the counts report, without writing anything. `sources` makes each
+    split's trajectory pool (`protocol_sources`); default: the BFCL-shaped entries' ground truth,
+    perturbations and `policy`'s rollouts (`collect_trajectories`)."""
     check_training_entries(entries)
+    if sources is None:
+        sources = lambda part: collect_trajectories(part, settings, policy)
     reward_tokens = prompts.add_reward_tokens(tokenizer) if settings.enabled else None
     report: dict[str, Any] = {
         "mode": "rctp" if settings.enabled else "sft",
@@ -326,7 +424,7 @@ def build_examples(
     }
     splits: dict[str, list[dict[str, Any]]] = {}
     for name, part in split_by_entry(entries, settings.heldout_entries, settings.seed).items():
-        trajectories, skipped = collect_trajectories(part, settings, policy)
+        trajectories, skipped = sources(part)
         rng = random.Random(f"{settings.seed}:mix:{name}")
         examples, too_long = select_examples(trajectories, tokenizer, settings, reward_tokens, rng)
         splits[name] = examples
@@ -345,16 +443,21 @@ def build_rctp_dataset(
     policy: Policy | None = None,
     *,
     overwrite: bool = False,
+    sources: Sources | None = None,
 ) -> dict[str, Any]:
     """Build, log and write the RCTP (or, with `settings.enabled=False`, plain SFT) dataset.
 
     `tokenizer` gains the reward tokens in RCTP mode (resize the model's vocab to
     `len(tokenizer)` afterwards). Returns the counts report plus `dataset_dir` (pass it to
-    `data.store.load_split`).
+    `data.store.load_split`); with `sources` (`protocol_sources`) the report also holds the
+    stored examples per label of each split (`labels`, {0: n, 1: n}).
     """
-    splits, report = build_examples(settings, tokenizer, entries, policy)
+    splits, report = build_examples(settings, tokenizer, entries, policy, sources)
+    if sources is not None:  # the built-ins' report keeps its form
+        report["labels"] = {name: label_totals(c) for name, c in report["splits"].items()}
+    check_label_counts(report, settings.min_per_label)
     if not splits[TRAIN_SPLIT]:
-        raise ValueError(f"no training examples kept; pool: {report['pool'][TRAIN_SPLIT]}")
+        raise TooFewExamples(f"no training examples kept; pool: {report['pool'][TRAIN_SPLIT]}")
     nonempty = {name: examples for name, examples in splits.items() if examples}
     report["dataset_dir"] = str(store.write_dataset(out_dir, nonempty, overwrite=overwrite))
     for name in splits:

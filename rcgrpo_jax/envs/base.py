@@ -10,6 +10,10 @@ episode ended; at the end it reports a `RewardResult` (reward, error type). Ever
 stage calls `factory(**options)` with the plain values of `config.env.<name>` (none if absent).
 The built-in ones register when first asked for (`envs/builtin.py`); a user module registers
 at import (`config.env.module` names it; docs/custom_env.md walks through one).
+
+The protocol is all every stage needs: RL and eval roll the policy out through episodes, and
+stage 1 (sft/rctp) labels the starting policy's own rollouts, plus the environment's optional
+demonstrations, by the reward the episode gives them.
 """
 
 from __future__ import annotations
@@ -80,9 +84,14 @@ class Environment(Protocol):
     - `title: str` heads the eval table (default: its `env.benchmark` name);
     - `error_types: tuple[str, ...]`: the `RewardResult.error_type` values eval counts, in this
       order, even when none occurred (default ()); any other seen is counted after them;
-    - `golden_trajectories: bool`: its tasks are `envs.entries.Entry`s with ground truth, the
-      only tasks stage 1's data builder (sft/rctp) can use (default False; True for the
-      built-ins)."""
+    - `demonstration(task) -> Sequence[str] | None`: the assistant texts, one per assistant
+      step, that solve `task` (None: no demonstration of that task). Stage 1 (sft/rctp/all)
+      plays them through a fresh episode and labels each by the reward it gets, like its own
+      rollouts of the starting policy (`data/trajectories.py`); without this method its data
+      is those rollouts alone (`rctp.rollouts_per_entry`);
+    - `golden_trajectories: bool`: its tasks are `envs.entries.Entry`s with ground truth, from
+      which stage 1 builds its data the BFCL way instead (ground truth, executed perturbations,
+      `data/perturb.py`) (default False; True for the built-ins)."""
 
     categories: tuple[str, ...]  # what its tasks' `category` can be (eval reports by these)
 

@@ -256,7 +256,9 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     from rcgrpo_jax.stages import sft
     from rcgrpo_jax.stages.rl_report import run_stats
 
-    setup.require_golden_trajectories(config)
+    if int(config.train.warm_start_steps) > 0:
+        setup.require_stage1_sources(config, demonstrations=True)
+    setup.require_stage1_sources(config, demonstrations=False)
     t0 = time.time()
     workdir = Path(config.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -276,6 +278,8 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     if int(config.train.warm_start_steps) > 0:
         c = _sub(config, "sft", "warm_start")
         c.train.steps = int(config.train.warm_start_steps)
+        # golden trajectories (or demonstrations) alone: no rollouts of the base model
+        c.rctp.rollouts_per_entry = 0
         s = _run_once(
             c, functools.partial(sft.run, name="warm_start"),
             f"{c.train.steps} steps on the golden trajectories",

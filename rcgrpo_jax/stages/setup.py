@@ -308,19 +308,37 @@ def environment(config: ml_collections.ConfigDict, section: str = "env"):
 _ENVIRONMENTS: dict[tuple, Any] = {}
 
 
-def require_golden_trajectories(config: ml_collections.ConfigDict) -> None:
-    """UserError unless the environment has golden trajectories (`golden_trajectories`, see
-    `envs.base.Environment`): stage 1 builds its dataset from them, and without them it would
-    fail deep in the data builder after the model is built (stage all: after its base eval)."""
-    if getattr(environment(config), "golden_trajectories", False):
+def golden_trajectories(config: ml_collections.ConfigDict) -> bool:
+    """Whether stage 1 builds its data the built-ins' way, from tasks with ground truth
+    (`golden_trajectories`, see `envs.base.Environment`); otherwise from the protocol alone."""
+    return bool(getattr(environment(config), "golden_trajectories", False))
+
+
+def require_stage1_sources(config: ml_collections.ConfigDict, demonstrations: bool) -> None:
+    """UserError, before anything is built, when stage 1 would have no trajectories to learn
+    from: on an environment with only the protocol, its data are its demonstrations
+    (`Environment.demonstration`) and the starting policy's rollouts (`rctp.rollouts_per_entry`).
+    `demonstrations`: a stage that trains on them alone (stage all's warm start)."""
+    if golden_trajectories(config):
         return
-    raise UserError(
-        f"env.benchmark={config.env.benchmark!r} has no golden trajectories: stage "
-        f"{config.stage} needs them (stage 1, sft/rctp, builds its dataset from them, and stage "
-        "all starts with it); the built-in environments bfcl and synthetic provide them. The RL "
-        "(grpo, rcgrpo) and eval stages work with any registered environment: start RL from an "
-        "exported HF checkpoint via rl.init_from"
-    )
+    env, name = environment(config), config.env.benchmark
+    if hasattr(env, "demonstration"):
+        return
+    if demonstrations:
+        raise UserError(
+            f"env.benchmark={name!r} has no demonstration(task): stage all's warm start "
+            f"(train.warm_start_steps={config.train.warm_start_steps}) trains on "
+            "demonstrations alone; set train.warm_start_steps=0 or give the environment a "
+            "demonstration method (docs/custom_env.md)"
+        )
+    if int(config.rctp.rollouts_per_entry) <= 0:
+        raise UserError(
+            f"env.benchmark={name!r} gives stage {config.stage} no data: it has no "
+            "demonstration(task) and rctp.rollouts_per_entry=0 (stage 1 learns from the "
+            "environment's demonstrations and the starting policy's rollouts labelled by "
+            "reward); set rctp.rollouts_per_entry > 0 or give the environment a demonstration "
+            "method (docs/custom_env.md)"
+        )
 
 
 def task_entries(config: ml_collections.ConfigDict, split: str) -> list:

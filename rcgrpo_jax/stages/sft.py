@@ -3,6 +3,9 @@
 `rctp`: mixed-quality trajectories (ground truth, executed perturbations, policy rollouts), each
 labelled by the reward it actually received and prefixed by that label's reward token.
 `sft`: the same pipeline on label-1 trajectories only, with no token — the baseline.
+On an environment with only the protocol (no `golden_trajectories`) the trajectories are its
+demonstrations, if it has them, and the starting policy's own rollouts (`rl.rollout.collect`,
+`rctp.rollouts_per_entry` per task, for SFT too: its successes are rejection-sampled data).
 At the end the policy is exported as an HF directory (tokenizer and reward tokens included) and,
 for RCTP, its controllability is measured: held-out success under each reward token.
 """
@@ -10,6 +13,8 @@ for RCTP, its controllability is measured: held-out success under each reward to
 from __future__ import annotations
 
 import json
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +24,16 @@ import ml_collections
 from rcgrpo_jax.data import store
 from rcgrpo_jax.data.loader import train_loader
 from rcgrpo_jax.data.packing import ExampleTooLongError
-from rcgrpo_jax.data.trajectories import DataSettings, build_rctp_dataset
+from rcgrpo_jax.data.trajectories import (
+    ROLLOUT,
+    DataSettings,
+    RecordedEpisode,
+    Sources,
+    TooFewExamples,
+    Trajectory,
+    build_rctp_dataset,
+    protocol_sources,
+)
 from rcgrpo_jax.envs.prompts import stop_ids
 from rcgrpo_jax.envs.reward_tokens import HIGH, LOW
 from rcgrpo_jax.errors import UserError
@@ -55,6 +69,60 @@ def rollout_policy(config, model, tokenizer, mesh):
     return bfcl.model_policy(generate, tokenizer, int(config.rctp.rollout_batch))
 
 
+def policy_rollouts(config: ml_collections.ConfigDict, s: setup.Start) -> Sources:
+    """The starting policy's own trajectories on an environment with only the protocol:
+    `rctp.rollouts_per_entry` per task, sampled without a reward token under RL's rollout
+    settings (`rl.temperature`, `rl.max_new_tokens`, `rl.max_len`), `rctp.rollout_batch` rows
+    per `rl.rollout.collect` call; each labelled by its reward. Rows whose environment failed
+    are left out (counted in the report's `skipped` as `rollout:env_error`). Multi-process:
+    every process gets every row's conversation (`RecordedEpisode`)."""
+    import numpy as np
+
+    from rcgrpo_jax import distributed
+    from rcgrpo_jax.envs.reward_tokens import NONE
+    from rcgrpo_jax.rl.rollout import RolloutSettings, collect
+
+    env, k = setup.environment(config), int(config.rctp.rollouts_per_entry)
+    settings = RolloutSettings(
+        chat_format=config.model.chat_format, max_new_tokens=int(config.rl.max_new_tokens),
+        max_len=int(config.rl.max_len), temperature=float(config.rl.temperature),
+        top_p=float(config.rl.top_p), max_steps_per_turn=int(config.env.max_steps_per_turn),
+        call_timeout_s=float(config.env.call_timeout_s), max_rows=int(config.rl.max_rows),
+        sampler_weights=str(config.mesh.sampler_weights),
+    )  # fmt: skip
+    per_call = max(1, int(config.rctp.rollout_batch) // k)
+
+    def rollouts(tasks: Sequence[Any]) -> tuple[list[Trajectory], Counter]:
+        tasks = setup.fitting_entries(
+            env, tasks, s.tokenizer, settings.chat_format, settings.max_len,
+            "stage-1 rollout tasks for rl.max_len",
+        )  # fmt: skip
+        out, skipped = [], Counter()
+        for n, lo in enumerate(range(0, len(tasks), per_call)):
+            chunk = tasks[lo : lo + per_call]
+            tokens = np.full((len(chunk), k), NONE, np.int32)
+            seed = int(config.seed) * 7919 + n  # one sampler stream per call, as rollout_policy
+            ro = collect(
+                s.cfg, s.params, s.tokenizer, env, chunk, tokens, settings, seed=seed, mesh=s.mesh
+            )
+            mine = [
+                (r, e.messages, e.tools, e.decoded)
+                for r, e in enumerate(ro.episodes)
+                if e is not None
+            ]  # this process's rows; every process needs them all
+            rows = {x[0]: x[1:] for part in distributed.allgather_objects(mine) for x in part}
+            results = [x for group in ro.results for x in group]
+            for r, (result, error) in enumerate(zip(results, ro.errors, strict=True)):
+                if error is not None:
+                    skipped[f"{ROLLOUT}:env_error"] += 1
+                    continue
+                episode = RecordedEpisode(chunk[r // k], *rows[r])
+                out.append(Trajectory(ROLLOUT, episode, result))
+        return out, skipped
+
+    return rollouts
+
+
 def data_settings(config: ml_collections.ConfigDict, rctp: bool) -> DataSettings:
     """The stage-1 builder's settings: `rctp.*` (RCTP's mix; plain SFT when not `rctp`)."""
     r = config.rctp
@@ -65,11 +133,17 @@ def data_settings(config: ml_collections.ConfigDict, rctp: bool) -> DataSettings
         heldout_entries=int(r.heldout_entries), max_tokens=int(r.max_tokens),
         seed=int(config.seed), chat_format=config.model.chat_format,
         max_steps_per_turn=int(config.env.max_steps_per_turn),
+        call_timeout_s=float(config.env.call_timeout_s),
+        min_per_label=int(config.rctp.min_per_label),
     )  # fmt: skip
 
 
-def dataset(config, tokenizer, workdir: Path, rctp: bool, policy=None) -> tuple[str, dict]:
-    """The stage-1 dataset: built once per workdir, reused on resume (same seed, same data)."""
+def dataset(
+    config, tokenizer, workdir: Path, rctp: bool, policy=None, sources: Sources | None = None
+) -> tuple[str, dict]:
+    """The stage-1 dataset: built once per workdir, reused on resume (same seed, same data).
+    `sources`: an environment with only the protocol (`protocol_sources`); else the built-ins'
+    ground truth, perturbations and `policy`'s rollouts."""
     out = workdir / "data"
     report_path = workdir / "data_report.json"
     if report_path.exists():
@@ -81,7 +155,12 @@ def dataset(config, tokenizer, workdir: Path, rctp: bool, policy=None) -> tuple[
         return report["dataset_dir"], report
     entries = setup.task_entries(config, "train")
     settings = data_settings(config, rctp)
-    report = build_rctp_dataset(settings, tokenizer, entries, out, policy=policy, overwrite=True)
+    try:
+        report = build_rctp_dataset(
+            settings, tokenizer, entries, out, policy=policy, overwrite=True, sources=sources
+        )
+    except TooFewExamples as e:  # of a label (rctp.min_per_label), or none at all
+        raise UserError(f"{config.stage}: {e}") from None
     report_path.write_text(json.dumps(report, indent=1, default=str) + "\n")
     return report["dataset_dir"], report
 
@@ -103,14 +182,19 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
     stage = config.stage
     if stage not in ("sft", "rctp"):
         raise UserError(f"stages.sft runs stages sft/rctp, not {stage!r}")
-    setup.require_golden_trajectories(config)
+    setup.require_stage1_sources(config, demonstrations=False)
     rctp = stage == "rctp"
     s = setup.start(config)
     workdir = s.workdir
-    policy = None
-    if rctp and int(config.rctp.rollouts_per_entry) > 0:
+    policy = sources = None
+    rollouts = int(config.rctp.rollouts_per_entry) > 0
+    if not setup.golden_trajectories(config):
+        env = setup.environment(config)
+        settings = data_settings(config, rctp)
+        sources = protocol_sources(env, settings, policy_rollouts(config, s) if rollouts else None)
+    elif rctp and rollouts:
         policy = rollout_policy(config, (s.cfg, s.params), s.tokenizer, s.mesh)
-    dataset_dir, report = dataset(config, s.tokenizer, workdir, rctp, policy)
+    dataset_dir, report = dataset(config, s.tokenizer, workdir, rctp, policy, sources)
     if rctp:
         s = setup.with_reward_tokens(s)
     elif len(s.tokenizer) > s.cfg.vocab_size:
