@@ -26,6 +26,10 @@ start=$SECONDS
   --config.workdir="$tmp/run" "${short[@]}" >"$tmp/out" 2>"$tmp/err" || {
   echo "fresh venv: the main job failed" >&2; tail -30 "$tmp/err" >&2; exit 1; }
 test -s "$tmp/run/summary.json" || { echo "fresh venv: no summary.json" >&2; exit 1; }
+# the run report (plotly from the runtime pins): stage all's page and each RL arm's
+for page in "$tmp/run/report.html" "$tmp"/run/*_*grpo*/report.html; do
+  test -s "$page" || { echo "fresh venv: no $page" >&2; exit 1; }
+done
 # absl-format lines (I1201 12:00:00.000 ...), transformers' notices, TFDS banners.
 if grep -aE '^[IWE][0-9]{4} |^\[transformers\]|Downloading and preparing' "$tmp/out" "$tmp/err"; then
   echo "fresh venv: library log lines in the default output (above)" >&2; exit 1

@@ -252,6 +252,12 @@ def base_config() -> ml_collections.ConfigDict:
         }
     )
 
+    # What runs record beyond their metrics.
+    c.logging = ml_collections.ConfigDict()
+    # Groups per RL iteration kept for the run report (each RL stage's trajectories.jsonl: per
+    # row its conversation, reward, verdicts and advantage): the first ones generated; -1 = all.
+    c.logging.report_groups = -1
+
     return c
 
 
@@ -283,6 +289,9 @@ def bfcl_rl_recipe(c: ml_collections.ConfigDict) -> None:
     # size: warm up over 10 updates, to lr 1e-6, a tenth of stage 1's.
     c.rl.optim.warmup_steps = 10
     c.rl.optim.lr = 1e-6
+    # The run report keeps 2 groups per iteration: at 7B's lengths a 100-iteration stage `all`
+    # of 4 arms is then a ~24 MB page, all groups ~85 MB (docs/report.md).
+    c.logging.report_groups = 2
     # RCTP's data includes 2 rollouts per entry of the stage-1 starting model (the instruct
     # model here), labelled by their reward: its failures join the low-reward examples, so that
     # <|low_reward|> produces failures like the policy's, not only scripted perturbations (its

@@ -325,6 +325,7 @@ RULES: dict[str, Rule] = {
     "rl.checkpoint_every": integer(1),
     "rl.keep_checkpoints": integer(1),
     **_optim("rl.optim"),
+    "logging.report_groups": integer(-1),  # -1 = every group
 }
 
 

@@ -16,7 +16,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     # config defaults and utilities with no part of the package below them: logging, the
     # machine's figures, multi-host start-up, the XLA cache, host memory, bundled assets,
-    # shape buckets, this table
+    # shape buckets, this table; the run report (a page built from a run's files alone)
     (
         "config",
         "logs",
@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "assets",
         "shapes",
         "layers",
+        "report",
     ),
     # the decoder; the environments (neither knows the other)
     ("models", "envs"),

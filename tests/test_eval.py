@@ -185,7 +185,11 @@ def test_a_repeated_measurement_is_not_run_again(tmp_path, monkeypatch):
         runs.append((token, samples))
         per_entry = np.array([1.0, 0.0, 0.5])[: len(entries), None]
         rewards = np.repeat(per_entry, max(samples, 1), axis=1)
-        return [(entries, types.SimpleNamespace(rewards=rewards))]
+        # each row's verdict and (empty) conversation, which the per-task records read
+        results = [[types.SimpleNamespace(reward=x, error_type=None) for x in r] for r in rewards]
+        conversations = lambda rows: {r: [] for r in rows}
+        ro = types.SimpleNamespace(rewards=rewards, results=results, conversations=conversations)
+        return [(entries, ro)]
 
     monkeypatch.setattr(eval_stage, "_model_rollouts", rollouts)
     monkeypatch.setattr(eval_stage.setup, "environment", lambda config: None)

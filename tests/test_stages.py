@@ -363,3 +363,17 @@ def test_all_killed_in_a_middle_arm_resumes_exactly(run_all, tmp_path):
             assert comparable(read_jsonl(workdir / name / log)) == comparable(
                 read_jsonl(ref / name / log)
             ), (name, log)
+
+
+def test_report_page_in_chromium(run_all):
+    """Stage `all`'s report.html, built by the run, in headless Chromium against the run's own
+    files (tests/test_report.py's `check_page`): trajectories per iteration, the reward-token
+    filter, a conversation, held-out tasks fixed by RL, no console error."""
+    from test_report import check_page, chromium
+
+    config, _ = run_all
+    driver = chromium()
+    try:
+        check_page(driver, Path(config.workdir), "rctp_rcgrpo")
+    finally:
+        driver.quit()

@@ -78,6 +78,8 @@ class Rollouts:
     env_process: np.ndarray | None = None  # [P, G] int32: the process that ran each environment
     # P*G, row-major: "Type: message" of the row's environment failure, None where there was none
     errors: list[str | None] = dataclasses.field(default_factory=list)
+    # P*G, row-major: whether the row was cut at max_len (the same on every process)
+    truncated: list[bool] = dataclasses.field(default_factory=list)
 
     @property
     def positions(self) -> np.ndarray:
@@ -99,6 +101,20 @@ class Rollouts:
         if gather_head:
             out["loss_index"] = loss_index(self.loss_mask)
         return out
+
+    def conversations(self, rows: Sequence[int]) -> dict[int, list[dict[str, str]]]:
+        """The conversations of rows `rows` (row-major ids), on every process: each message's
+        role, content and (tool messages) name. A row's episode lives only on the process that
+        ran its environment, so multi-process this gathers them (a collective: every process
+        calls it with the same rows); a row whose environment failed to open has none ([])."""
+        wanted = set(rows)
+        mine = [
+            (r, [{k: m[k] for k in ("role", "content", "name") if k in m} for m in e.messages])
+            for r, e in enumerate(self.episodes)
+            if r in wanted and e is not None
+        ]
+        held = {r: msgs for part in distributed.allgather_objects(mine) for r, msgs in part}
+        return {r: held.get(r, []) for r in rows}
 
 
 def collect(
@@ -421,6 +437,7 @@ def pack(
         rewards=rewards, reward_token=np.asarray(reward_tokens, np.int32), results=grouped,
         episodes=episodes, stats=stats,
         env_process=np.asarray(owner, np.int32).reshape(p, g), errors=list(errors),
+        truncated=list(sampled.truncated),
     )  # fmt: skip
 
 
@@ -444,4 +461,5 @@ def concat_groups(parts: Sequence[Rollouts]) -> Rollouts:
         episodes=[e for x in parts for e in x.episodes], stats=stats,
         env_process=None if any(o is None for o in owners) else np.concatenate(owners),
         errors=[e for x in parts for e in x.errors],
+        truncated=[t for x in parts for t in x.truncated],
     )  # fmt: skip

@@ -25,9 +25,10 @@ default steps × P × G), however many iterations that takes (`rl.steps` only ca
 stops says so), and with `rl.eval_points` is evaluated at the same trajectory counts (`rl.curve`).
 Results: `summary.json` (per arm its figures, curve and area, success per task kind; the demo's
 three targets; the machine), a printed table, `dynamics.png` (reward, degenerate-group fraction,
-entropy per RL iteration, one line per arm) and `rl.png` (against trajectories generated:
+entropy per RL iteration, one line per arm), `rl.png` (against trajectories generated:
 held-out success, training reward under each token, degenerate fraction, entropy; and entropy
-against reward, per arm).
+against reward, per arm) and `report.html` (`rcgrpo_jax.report`: overview, curves, every arm's
+rollouts and held-out tasks; rebuilt as each RL arm finishes).
 """
 
 from __future__ import annotations
@@ -304,6 +305,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         done = _run_once(c, functools.partial(rl_loop.run, name=arm.name), what)
         stats = run_stats(Path(c.workdir), budget)
         arms[arm.name] = {**stats, "ended": done.get("ended")}
+        rl_loop.refresh_report(config)  # the arms so far, on one page
 
     runs = {arm.name: workdir / arm.name / "metrics.jsonl" for arm in arms_run}
     plots.plot_metrics(runs, DYNAMICS, workdir / "dynamics.png")
@@ -333,5 +335,6 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     summary["table"] = table
     write_atomic(workdir / "summary.json", json.dumps(summary, indent=1) + "\n")
     write_atomic(workdir / "table.txt", table + "\n")
+    rl_loop.refresh_report(config)
     print(table)
     return summary

@@ -234,6 +234,22 @@ class Success:
     rate: float
     by_kind: dict[str, float]
     sometimes: float = 0.0
+    # per entry measured, in order: its first rollout (`task_outcome`; the only one without
+    # samples), what the run report shows of each held-out task
+    tasks: tuple[dict[str, Any], ...] = ()
+
+
+def task_outcome(entry: Any, result: RewardResult, messages: list[dict[str, str]]) -> dict:
+    """One held-out task's record in the RL stage's heldout.jsonl: its id, category and kind,
+    whether the rollout solved it (reward 1), its error type and its conversation."""
+    return {
+        "task_id": entry.id,
+        "category": entry.category,
+        "kind": task_kind(entry),
+        "success": bool(result.reward == 1.0),
+        "error_type": result.error_type,
+        "messages": messages,
+    }
 
 
 def measure_success(
@@ -258,17 +274,22 @@ def measure_success(
     env = setup.environment(config)
     per_kind: dict[str, list[float]] = collections.defaultdict(list)
     per_entry: list[float] = []
+    tasks: list[dict[str, Any]] = []
     for chunk, ro in _model_rollouts(
         config, env, entries, model, tokenizer, mesh, reward_token, samples
     ):  # every rollout's reward, whichever process ran it
-        for entry, row in zip(chunk, ro.rewards, strict=True):
+        k = ro.rewards.shape[1]
+        first = ro.conversations(range(0, len(chunk) * k, k))  # each entry's first rollout
+        for i, (entry, row) in enumerate(zip(chunk, ro.rewards, strict=True)):
             per_kind[task_kind(entry)] += [float(x) for x in row]
             per_entry.append(float(row.mean()))
+            tasks.append(task_outcome(entry, ro.results[i][0], first[i * k]))
     rewards = [x for xs in per_kind.values() for x in xs]
     out = Success(
         rate=sum(rewards) / max(len(rewards), 1),
         by_kind={k: sum(v) / len(v) for k, v in sorted(per_kind.items())},
         sometimes=sum(0 < x < 1 for x in per_entry) / max(len(per_entry), 1),
+        tasks=tuple(tasks),
     )
     if key is not None:
         _MEASURED[key] = out

@@ -20,7 +20,9 @@ One RL iteration (`run`'s loop), six steps, each a function below:
    always under one token (`evaluation_token`), greedy and, at the start and the end, the mean
    of `eval.samples` samples per entry.
 6. `Records.iteration`: the iteration's metrics (`rl_report`; with the first update's
-   rollout-trainer agreement), its rollouts.jsonl record and a checkpoint every
+   rollout-trainer agreement), its rollouts.jsonl record, the run report's records of it
+   (trajectories.jsonl: `logging.report_groups` of its groups with every row's conversation
+   and advantage; heldout.jsonl: each evaluation's per-task outcomes) and a checkpoint every
    `rl.checkpoint_every`; at the end (`finish`) an HF export, the dynamics plot, summary.json
    and the end line.
 
@@ -37,11 +39,15 @@ Multi-process, every process runs this same loop (SPMD): the sampler and the tra
 programs over the global mesh; each process runs the environment of its own share of the rows
 (`rl.rollout`); each process places its own shards of the (identical) host batch, so every row
 is in the step exactly once; checkpoints are saved by all processes together; process 0 alone
-writes metrics, rollouts.jsonl, the export, the plot and the summary.
+writes metrics, rollouts.jsonl, trajectories.jsonl and heldout.jsonl (the conversations of the
+rows other processes ran are gathered to it), the export, the plot and the summary.
 
 A rollout row whose environment failed scores 0 and is counted (`env_errors` in the metrics, the
 row's error in rollouts.jsonl, one `warning:` line per iteration). Resumed after a kill, the run
 drops the log records past the restored iteration, so its logs equal an uninterrupted run's.
+
+One module, long because the six steps share one `RunContext` and read best in the order they
+run; what they record (metrics, logs, the run report's records) is built in `rl_report`.
 """
 
 from __future__ import annotations
@@ -56,7 +62,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from rcgrpo_jax import distributed
+from rcgrpo_jax import distributed, report
+from rcgrpo_jax.config import base_config
 from rcgrpo_jax.envs import Environment
 from rcgrpo_jax.envs.entries import Entry
 from rcgrpo_jax.envs.reward_tokens import HIGH
@@ -67,10 +74,10 @@ from rcgrpo_jax.rl.curve import Curve, budget_points, reached
 from rcgrpo_jax.rl.draws import prompts_for, reward_tokens_for, rollout_seed, shuffled, token_draw
 from rcgrpo_jax.rl.dynamic import fill_groups, padded_batch
 from rcgrpo_jax.rl.losses import Objective, objective_from_config
-from rcgrpo_jax.rl.rollout import Rollouts, RolloutSettings, collect, concat_groups
+from rcgrpo_jax.rl.rollout import Rollouts, RolloutSettings, collect
 from rcgrpo_jax.rl.train_step import NEXT_REWARD_TOKENS, make_rl_step, sequence_logprobs
 from rcgrpo_jax.stages import rl_report, setup
-from rcgrpo_jax.stages.rl_report import Generated, Update
+from rcgrpo_jax.stages.rl_report import Generated, Heldout, Update
 from rcgrpo_jax.train import plots
 from rcgrpo_jax.train.metrics import JsonlLog, MetricsWriter, writing
 from rcgrpo_jax.train.state import TrainState, batch_sharding
@@ -271,27 +278,29 @@ def roll_out(
         )  # fmt: skip
         return _Round(entries, rollouts)
 
+    dynamic, estimator = bool(rl.dynamic_sampling), ctx.objective.advantage_estimator
     filled = fill_groups(
         draw, ctx.num_prompts, ctx.group_size, budget=budget_left,
-        dynamic=bool(rl.dynamic_sampling), estimator=ctx.objective.advantage_estimator,
-        max_rounds=int(rl.dynamic_max_rounds),
+        dynamic=dynamic, estimator=estimator, max_rounds=int(rl.dynamic_max_rounds),
         multiple_of=ctx.minibatches * ctx.microbatches,
     )  # fmt: skip
-    return Generated(
-        entries=[e for r in filled.rounds for e in r.entries],
-        rollouts=concat_groups([r.rollouts for r in filled.rounds]),
-        trained=np.concatenate(filled.trained),
-        trajectories=filled.generated,
-    )
+    return Generated.of(filled, dynamic, estimator)
 
 
-def train_batch(ctx: RunContext, generated: Generated, iteration: int) -> dict[str, np.ndarray]:
+def update_rewards(ctx: RunContext, generated: Generated, iteration: int) -> np.ndarray:
+    """The rewards the update's advantages come from, [groups, G] for every generated group:
+    the rollouts' own, or shuffled for the control (`rl.shuffle_rewards`)."""
+    rewards = generated.rollouts.rewards
+    return shuffled(rewards, ctx.config.seed, iteration) if ctx.rl.shuffle_rewards else rewards
+
+
+def train_batch(
+    ctx: RunContext, generated: Generated, rewards: np.ndarray
+) -> dict[str, np.ndarray]:
     """The update's host batch: the trained groups laid out as P (the rest masked out,
-    `group_mask`), rewards shuffled for the control (`rl.shuffle_rewards`), and the frozen
-    reference's log-probs where the objective has a KL term."""
-    batch = generated.rollouts.batch(bool(ctx.config.model.gather_head))
-    if ctx.rl.shuffle_rewards:
-        batch["rewards"] = shuffled(batch["rewards"], ctx.config.seed, iteration)
+    `group_mask`), with `rewards` (`update_rewards`), and the frozen reference's log-probs
+    where the objective has a KL term."""
+    batch = {**generated.rollouts.batch(bool(ctx.config.model.gather_head)), "rewards": rewards}
     batch = padded_batch(
         batch, generated.trained, ctx.num_prompts, ctx.minibatches, ctx.microbatches
     )
@@ -316,8 +325,9 @@ def train_on(ctx: RunContext, state: TrainState, generated: Generated, iteration
     t0 = time.perf_counter()
     step_metrics: list[dict[str, Any]] = []
     planned, next_reward_tokens = 0, None
+    rewards = update_rewards(ctx, generated, iteration)
     if generated.trained.any():
-        batch = train_batch(ctx, generated, iteration)
+        batch = train_batch(ctx, generated, rewards)
         for _ in range(int(ctx.rl.epochs)):
             for minibatch in _minibatches(batch, ctx.minibatches):
                 planned += 1
@@ -329,7 +339,9 @@ def train_on(ctx: RunContext, state: TrainState, generated: Generated, iteration
                 metrics = distributed.host_tree(metrics)
                 next_reward_tokens = metrics.pop(NEXT_REWARD_TOKENS)
                 step_metrics.append(metrics)
-    return Update(state, step_metrics, planned, next_reward_tokens, time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    advantages = rl_report.row_advantages(ctx.objective, rewards, generated.trained)
+    return Update(state, step_metrics, planned, next_reward_tokens, seconds, advantages)
 
 
 def evaluation_due(ctx: RunContext, iteration: int, before: int, total: int) -> Evaluation | None:
@@ -351,7 +363,7 @@ def evaluation_due(ctx: RunContext, iteration: int, before: int, total: int) -> 
     return Evaluation(budget_point=point, sampled=last)
 
 
-def evaluate(ctx: RunContext, params: Params, sampled: bool = True) -> dict[str, float]:
+def evaluate(ctx: RunContext, params: Params, sampled: bool = True) -> Heldout:
     """Held-out success of `params` under the arm's evaluation token (`heldout`)."""
     return rl_report.heldout(
         ctx.config, ctx.cfg, ctx.tokenizer, ctx.mesh, ctx.test_pool,
@@ -361,12 +373,13 @@ def evaluate(ctx: RunContext, params: Params, sampled: bool = True) -> dict[str,
 
 class Records:
     """Step 6, and what `run` reads back: the metrics writer (process 0 alone writes), the
-    rollouts log, the checkpointer and the records of the run so far (`history`: those a
-    resumed run kept, then each new one)."""
+    rollouts log, the run report's logs (`rl_report.ReportLogs`), the checkpointer and the
+    records of the run so far (`history`: those a resumed run kept, then each new one)."""
 
     def __init__(
         self, stack: contextlib.ExitStack, ctx: RunContext, training: setup.Training, first: int
     ) -> None:
+        self.ctx = ctx
         self.checkpointer = training.checkpointer
         stack.callback(self.checkpointer.close)  # last out: waits for the final save
         self.writer = stack.enter_context(
@@ -384,22 +397,31 @@ class Records:
             self.rollouts = JsonlLog(training.workdir / "rollouts.jsonl", "iteration", first)
             stack.callback(self.rollouts.close)
         self.history = list(self.writer.previous)
+        self.report = rl_report.ReportLogs(
+            stack, training.workdir, first, self._start_recorded(),
+            evaluation_token(ctx.algo, ctx.rl), int(ctx.config.logging.report_groups),
+        )  # fmt: skip
+
+    def _start_recorded(self) -> bool:
+        return any(r["step"] == 0 for r in self.history)
 
     def started(self) -> bool:
         """Whether the start's evaluation is recorded. Process 0 alone holds the records: every
         process must take the same path into the evaluation's collectives, so all go by its
         answer."""
-        (started,), *_ = distributed.allgather_objects([any(r["step"] == 0 for r in self.history)])
+        (started,), *_ = distributed.allgather_objects([self._start_recorded()])
         return bool(started)
 
     def write(self, step: int, record: dict[str, Any]) -> None:
         self.history.append(self.writer.write(step, record))
 
     def iteration(
-        self, done: int, record: dict[str, Any], generated: Generated, state: TrainState,
-        total: int,
+        self, done: int, record: dict[str, Any], generated: Generated, update: Update,
+        state: TrainState, total: int,
     ) -> None:  # fmt: skip
-        """Iteration `done`'s rollouts and metrics, and its checkpoint where one is due."""
+        """Iteration `done`'s rollouts, its groups kept for the run report and its metrics, and
+        its checkpoint where one is due."""
+        self.report.iteration(done, generated, update)  # on every process: a collective
         if self.rollouts is not None:
             self.rollouts.append(rl_report.rollout_log_record(done, generated))
             rl_report.warn_env_errors(done, generated.rollouts.errors)
@@ -409,7 +431,8 @@ class Records:
     def save(self, done: int, state: TrainState, total: int, force: bool = False) -> None:
         """A checkpoint after iteration `done` (every `rl.checkpoint_every`; `force`: now)."""
         data = {"iteration": done, "generated_rollouts": total}
-        self.checkpointer.save(done, state, data, force=force)
+        if self.checkpointer.save(done, state, data, force=force):
+            refresh_report(self.ctx.config)  # a running job's page follows its checkpoints
 
 
 def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
@@ -432,7 +455,9 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
         # the start, under the same token as every later evaluation (once: a run killed before
         # its first checkpoint resumes at 0 with this record kept)
         if first == 0 and (rl.eval_every or ctx.points) and not records.started():
-            records.write(0, {**evaluate(ctx, state.params), "rollouts": 0, "budget_point": 0})
+            measured = evaluate(ctx, state.params)
+            records.report.evaluation(0, 0, measured)
+            records.write(0, {**measured.record, "rollouts": 0, "budget_point": 0})
         next_reward_tokens = None  # drawn by the last step; None: drawn on the host
         for iteration in range(first, int(rl.steps)):
             if ctx.spent(total):
@@ -447,9 +472,11 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
             record = rl_report.iteration_record(update, generated, total)
             due = evaluation_due(ctx, done, before, total)
             if due is not None:
-                record.update(evaluate(ctx, state.params, sampled=due.sampled))
+                measured = evaluate(ctx, state.params, sampled=due.sampled)
+                records.report.evaluation(done, total, measured)
+                record.update(measured.record)
                 record["budget_point"] = due.budget_point
-            records.iteration(done, record, generated, state, total)
+            records.iteration(done, record, generated, update, state, total)
         records.save(done, state, total, force=True)
     return finish(ctx, training, state, records.history, done, total, name or algo)
 
@@ -483,4 +510,12 @@ def finish(
         stats = rl_report.run_stats(workdir, ctx.budget)
         line = rl_report.end_line(name, stats, total, ended, int(ctx.rl.steps), ctx.budget)
     setup.finish(training, state.params, summary, line)
+    refresh_report(ctx.config)
     return summary
+
+
+def refresh_report(config: ml_collections.ConfigDict) -> None:
+    """The run report (`report.html` in the workdir, with `config.json` beside it), rebuilt
+    from the run's files; process 0 alone writes it, and a failure is a warning only."""
+    if distributed.is_main_process():
+        report.refresh(config.workdir, config.to_dict(), base_config().to_dict())

@@ -9,7 +9,8 @@ and JSON lines (metrics, rollouts, summaries): equal after dropping the keys tha
 speed (`VOLATILE`, at any depth). Text: equal after dropping the figures of timing phrases. In
 every string the run's own directory (absolute, or as the run named it) reads as `<run>`, so
 two workdirs compare. Not compared: checkpoints (their bytes carry save metadata; the export is
-the same weights), TensorBoard event files and PNG plots (timestamps). Prints one line per
+the same weights), TensorBoard event files, PNG plots (timestamps) and the report page
+(`report.html`: built from the files compared, with its build time). Prints one line per
 differing file and exits 1 if any differs or either run has a file the other lacks.
 """
 
@@ -26,7 +27,7 @@ VOLATILE = re.compile(
     r"(^time$|_s$|_per_s$|^mfu|^wall|^compile|^programs$|^cache_hits$|^machine$|^step_time)"
 )
 SKIPPED_DIRS = ("checkpoints", "tb")
-SKIPPED_SUFFIXES = (".png",)
+SKIPPED_SUFFIXES = (".png", ".html")  # plots, and the report page built from the other files
 # a stage's end line and the table's timing columns: "; 103.0 s, compile 31.0 s (...)"
 _TIMING = re.compile(r"\d+(\.\d+)?\s*s\b|compile [^;)]*|\(\d+ programs[^)]*\)|\d+(\.\d+)? ?it/s")
 

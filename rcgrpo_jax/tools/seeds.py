@@ -26,9 +26,11 @@ sampling on the same run ("not reached" within the budget counts as such), and t
 reference's need over the arm's (> 1: the arm needed fewer; geometric mean over the runs
 where both reached). `curves.png` draws the curves (`tools.curves`: studies side by side).
 Printed, with the machine each run came from (CPU, cores, `XLA_FLAGS`: each changes the
-rounding), and written to `<workdir>/seeds.txt` and `<workdir>/seeds.json`. On the synthetic
-environment each seed also draws its own tasks (`env.synthetic.seed` = the seed), so the
-held-out set varies with the seed and is the same for every arm of one seed.
+rounding), and written to `<workdir>/seeds.txt` and `<workdir>/seeds.json`, and as a page,
+`<workdir>/report.html` (`rcgrpo_jax.report`: the intervals, the curves with their bands and a
+link to each run's own page). On the synthetic environment each seed also draws its own tasks
+(`env.synthetic.seed` = the seed), so the held-out set varies with the seed and is the same for
+every arm of one seed.
 """
 
 from __future__ import annotations
@@ -438,6 +440,11 @@ def main(argv: list[str]) -> int:
         from rcgrpo_jax.train import plots
 
         plots.plot_curves({workdir.name: agg["curves"]}, workdir / "curves.png")
+    # the study's page: intervals, paired differences, curves with bands, each run's own page
+    from rcgrpo_jax import report as page
+    from rcgrpo_jax.config import base_config
+
+    page.refresh(workdir, config.to_dict(), base_config().to_dict())
     print(report)
     return 0
 
