@@ -196,15 +196,21 @@ def base_config() -> ml_collections.ConfigDict:
     c.rl.top_p = 1.0
     c.rl.epochs = 1
     c.rl.minibatches = 1  # updates per epoch; each holds num_prompts/minibatches whole groups
-    # The policy loss (rl/losses.py, `@register_objective`): grpo (token ratios,
-    # rl.aggregation) | dr_grpo (sum / (sequences x rl.max_len)) | dapo (token-level over the
-    # batch) | gspo (one length-normalised ratio per sequence, its own clip range).
-    c.rl.objective = "grpo"
+    # The policy loss (rl/losses.py, `@register_objective`), each name meaning TRL's loss_type
+    # of that name (docs/objectives.md): dapo (token mean over the update's batch) | grpo (mean
+    # over sequences of each one's token mean) | dr_grpo (sum / (sequences x rl.max_len)) |
+    # gspo (one length-normalised ratio per sequence, its own clip range; sequence mean).
+    c.rl.objective = "dapo"
     # The advantage estimator: any name registered with `@register_estimator` in
     # rl/advantages.py (grpo: (r - mean) / (std + eps) per group; dr_grpo: r - mean; ...).
     # "" = the objective's own (dr_grpo's for dr_grpo, grpo's for the others), so an objective
     # named alone keeps its paper's advantages.
     c.rl.estimator = ""
+    # The std-normalising estimators' (r - mean) / (std + adv_eps), std with adv_std_ddof delta
+    # degrees of freedom: 0 the population std (this project's measured default), 1 the sample
+    # std that TRL (eps 1e-4), Tunix (eps 1e-6) and DeepSeekMath's GRPO use.
+    c.rl.adv_eps = 1e-6
+    c.rl.adv_std_ddof = 0
     c.rl.clip_low = 0.2
     c.rl.clip_high = 0.28
     c.rl.gspo_clip_low = 3e-4  # gspo's sequence-ratio range [1 - low, 1 + high] (the paper's)
@@ -213,7 +219,6 @@ def base_config() -> ml_collections.ConfigDict:
     # Control: the advantages come from the rewards permuted across the batch's rollouts (the
     # logs keep the real ones). Any gain that survives it is not from the reward signal.
     c.rl.shuffle_rewards = False
-    c.rl.aggregation = "token"  # grpo: token | sequence
     # Dynamic sampling (DAPO): drop groups whose rewards are all equal and roll out further
     # prompts, up to dynamic_max_rounds rounds per iteration, until num_prompts groups remain.
     # Short of that, the update trains the ones it has (cut to a multiple of minibatches x

@@ -189,14 +189,6 @@ def _estimators() -> tuple[str, ...]:
     return tuple(ESTIMATORS)
 
 
-def _own_aggregation(objective: str) -> str | None:
-    """The aggregation a registered objective fixes (None: it reads rl.aggregation)."""
-    from rcgrpo_jax.rl.losses import OBJECTIVES
-
-    declared = OBJECTIVES.get(objective)
-    return None if declared is None else declared.aggregation
-
-
 def _categories() -> tuple[str, ...]:
     # Both spellings are accepted downstream (envs.entries.normalize_category).
     short = tuple(c.removeprefix("multi_turn_") for c in BFCL_CATEGORIES)
@@ -314,8 +306,9 @@ RULES: dict[str, Rule] = {
     "rl.gspo_clip_low": number(0.0, 1.0),
     "rl.gspo_clip_high": number(0.0),
     "rl.kl_beta": number(0.0),
+    "rl.adv_eps": number(0.0),
+    "rl.adv_std_ddof": integer(0, 1),  # 0 population std, 1 sample std
     "rl.shuffle_rewards": boolean,
-    "rl.aggregation": choice(("token", "sequence")),
     "rl.dynamic_sampling": boolean,
     "rl.dynamic_max_rounds": integer(1),
     "rl.max_rollouts": integer(0),
@@ -378,12 +371,6 @@ def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
             )  # fmt: skip
         if c.rl.max_new_tokens >= c.rl.max_len:
             yield _fail("rl.max_new_tokens", c.rl.max_new_tokens, f"< rl.max_len={c.rl.max_len}")
-        if c.rl.aggregation != "token" and _own_aggregation(c.rl.objective):
-            yield _fail(
-                "rl.aggregation", c.rl.aggregation,
-                f"'token' with rl.objective={c.rl.objective!r} (it aggregates by "
-                f"{_own_aggregation(c.rl.objective)}; only grpo reads rl.aggregation)",
-            )  # fmt: skip
     if c.stage in ("sft", "rctp", "all") and c.train.batch_size % c.train.optim.grad_accum:
         yield _fail(
             "train.optim.grad_accum", c.train.optim.grad_accum,

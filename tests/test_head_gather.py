@@ -131,8 +131,8 @@ def test_token_logprobs_at_equals_full(params):
 
 
 OBJECTIVES = [
-    Objective("grpo", kl_beta=0.05),
-    Objective("grpo", aggregation="sequence"),
+    Objective("dapo", kl_beta=0.05),
+    Objective("grpo"),
     Objective("dr_grpo"),  # norm_length 0: the divisor's length is the batch's T, not K
     Objective("dapo"),
     Objective("gspo", clip_low=0.02, clip_high=0.03),
@@ -140,7 +140,7 @@ OBJECTIVES = [
 
 
 @pytest.mark.parametrize(
-    "objective", OBJECTIVES, ids=["grpo_kl", "grpo_sequence", "dr_grpo", "dapo", "gspo"]
+    "objective", OBJECTIVES, ids=["dapo_kl", "grpo", "dr_grpo", "dapo", "gspo"]
 )
 def test_policy_loss_gathered_equals_full(params, objective):
     batch = {k: jnp.asarray(v) for k, v in rl_batch(params).items()}

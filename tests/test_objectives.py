@@ -1,6 +1,8 @@
-"""The RL objectives (grpo, dr_grpo, dapo, gspo) against a plain numpy reference, their
-gradients w.r.t. the per-token log-probs, and what sets them apart; the registered advantage
-estimators and their signal rule; dynamic sampling's group filter on fake rewards."""
+"""The RL objectives (grpo, dr_grpo, dapo, gspo: TRL's loss_type meanings) against a plain
+numpy reference, their gradients w.r.t. the per-token log-probs, and what sets them apart; the
+registered advantage estimators (population or sample std) and their signal rule; dynamic
+sampling's group filter on fake rewards. tests/test_trl_losses.py checks the same names
+against TRL's own loss code."""
 
 from __future__ import annotations
 
@@ -13,7 +15,14 @@ import pytest
 
 from rcgrpo_jax.config import base_config
 from rcgrpo_jax.envs.reward_tokens import HIGH, LOW, NONE
-from rcgrpo_jax.rl import ESTIMATORS, OBJECTIVES, Objective, estimate, group_signal
+from rcgrpo_jax.rl import (
+    ESTIMATORS,
+    OBJECTIVES,
+    Objective,
+    estimate,
+    group_advantages,
+    group_signal,
+)
 from rcgrpo_jax.rl.advantages import Estimator, register_estimator
 from rcgrpo_jax.rl.dynamic import fill_groups, padded_groups
 from rcgrpo_jax.rl.losses import (
@@ -52,23 +61,26 @@ def make_batch(seed: int = 0):
     return batch, logp
 
 
-def np_advantages(rewards: np.ndarray, normalize: bool) -> np.ndarray:
+def np_advantages(
+    rewards: np.ndarray, normalize: bool, eps: float = EPS, ddof: int = 0
+) -> np.ndarray:
     out = np.zeros_like(rewards, np.float64)
     for i, r in enumerate(rewards.astype(np.float64)):
         if np.ptp(r) == 0:
             continue
-        out[i] = (r - r.mean()) / (r.std() + EPS) if normalize else r - r.mean()
+        out[i] = (r - r.mean()) / (r.std(ddof=ddof) + eps) if normalize else r - r.mean()
     return out
 
 
-def np_reference(name: str, batch, logp, lo: float, hi: float, beta: float, length: int):
-    """(loss, d loss / d logp, clip fraction) written out for each objective, in float64; the
+def np_reference(o: Objective, batch, logp, length: int):
+    """(loss, d loss / d logp, clip fraction) of objective `o` written out in float64; the
     clip fraction: of the loss's tokens, those whose surrogate the clip cuts off (no gradient)."""
+    name, lo, hi, beta = o.name, o.clip_low, o.clip_high, o.kl_beta
     logp = logp.astype(np.float64)
     m = batch["loss_mask"].astype(np.float64)
     m[..., 0] = 0.0
     n_i = m.sum(-1)
-    adv = np_advantages(batch["rewards"], normalize=name != "dr_grpo")
+    adv = np_advantages(batch["rewards"], name != "dr_grpo", o.adv_eps, o.adv_std_ddof)
     lr = batch["ref_logprobs"] - logp
     kl, dkl = np.exp(lr) - lr - 1, 1 - np.exp(lr)  # k3 and its derivative in logp
     if name == "gspo":
@@ -87,11 +99,11 @@ def np_reference(name: str, batch, logp, lo: float, hi: float, beta: float, leng
     per_tok = -np.minimum(ratio * adv, clipped * adv) + beta * kl
     active = (ratio * adv <= clipped * adv) | ((1 - lo < ratio) & (ratio < 1 + hi))
     d_tok = -(active * adv * ratio) + beta * dkl
-    if name in ("grpo", "dapo"):  # token level over the whole batch
+    if name == "dapo":  # token level over the whole batch
         w = m / m.sum()
     elif name == "dr_grpo":  # a constant: sequences x the fixed length
         w = m / (P * G * length)
-    else:  # grpo with aggregation=sequence
+    else:  # grpo: the mean over sequences (with a token) of each one's token mean
         has = n_i > 0
         w = m / np.maximum(n_i, 1)[..., None] * has[..., None] / has.sum()
     return (per_tok * w).sum(), d_tok * w, ((~active) * m).sum() / m.sum()
@@ -107,20 +119,21 @@ def jax_loss_and_grad(objective: Objective, batch, logp):
     return float(loss), np.asarray(grad, np.float64), aux
 
 
-CASES = [  # (objective, numpy name, clip low/high)
-    (Objective("grpo", kl_beta=0.05), "grpo", 0.2, 0.28),
-    (Objective("grpo", kl_beta=0.05, aggregation="sequence"), "grpo_sequence", 0.2, 0.28),
-    (Objective("dr_grpo", kl_beta=0.05, norm_length=20), "dr_grpo", 0.2, 0.28),
-    (Objective("dapo", kl_beta=0.05), "dapo", 0.2, 0.28),
-    (Objective("gspo", clip_low=0.02, clip_high=0.03, kl_beta=0.05), "gspo", 0.02, 0.03),
-]
+CASES = {  # id: objective (norm_length 20: the reference's fixed length)
+    "grpo": Objective("grpo", kl_beta=0.05),
+    "grpo_sample_std": Objective("grpo", kl_beta=0.05, adv_eps=1e-4, adv_std_ddof=1),
+    "dr_grpo": Objective("dr_grpo", kl_beta=0.05, norm_length=20),
+    "dapo": Objective("dapo", kl_beta=0.05),
+    "dapo_sample_std": Objective("dapo", kl_beta=0.05, adv_std_ddof=1),
+    "gspo": Objective("gspo", clip_low=0.02, clip_high=0.03, kl_beta=0.05),
+}
 
 
-@pytest.mark.parametrize("objective, ref_name, lo, hi", CASES, ids=[c[1] for c in CASES])
-def test_loss_and_gradient_match_numpy(objective, ref_name, lo, hi):
+@pytest.mark.parametrize("objective", CASES.values(), ids=CASES)
+def test_loss_and_gradient_match_numpy(objective):
     batch, logp = make_batch()
     loss, grad, aux = jax_loss_and_grad(objective, batch, logp)
-    want, want_grad, want_clip = np_reference(ref_name, batch, logp, lo, hi, 0.05, 20)
+    want, want_grad, want_clip = np_reference(objective, batch, logp, 20)
     assert loss == pytest.approx(want, rel=1e-5, abs=1e-7)
     np.testing.assert_allclose(grad, want_grad, rtol=2e-4, atol=1e-7)
     assert 0 < want_clip < 1  # the clipped branch is exercised
@@ -177,12 +190,12 @@ def _tokens(batch) -> np.ndarray:
 
 def test_dr_grpo_weighs_every_token_alike_sequence_grpo_does_not():
     """Per-token gradient weight |d loss / d logp| / |A| at ratio 1: one constant for Dr. GRPO,
-    1 / (its sequence's length) x a constant for GRPO with sequence aggregation."""
+    1 / (its sequence's length) x a constant for GRPO (TRL's: a sequence mean)."""
     batch, logp = make_batch(5)
     batch["old_logprobs"] = (logp * batch["loss_mask"]).astype(np.float32)  # ratio 1
     n_i = np.broadcast_to(_tokens(batch).sum(-1, keepdims=True), logp.shape)
-    for name, agg, normalize in (("dr_grpo", "token", False), ("grpo", "sequence", True)):
-        g = jax_loss_and_grad(Objective(name, aggregation=agg, norm_length=T), batch, logp)[1]
+    for name, normalize in (("dr_grpo", False), ("grpo", True)):
+        g = jax_loss_and_grad(Objective(name, norm_length=T), batch, logp)[1]
         a = np.broadcast_to(np.abs(np_advantages(batch["rewards"], normalize))[..., None], g.shape)
         on = _tokens(batch) & (a > 0)
         weight = np.abs(g)[on] / a[on]
@@ -212,20 +225,28 @@ def test_gspo_clips_whole_sequences_dapo_single_tokens():
 
 
 def test_objective_from_config():
+    """The default config's objective is the loss every shipped config has run (token mean
+    over the batch, population std, eps 1e-6: `dapo`); every rl.* setting reaches its field."""
     rl = base_config().rl
     assert objective_from_config(rl) == Objective(norm_length=rl.max_len)
+    default = objective_from_config(rl)
+    assert (default.name, default.declared.aggregation) == ("dapo", "token")
+    assert (default.adv_eps, default.adv_std_ddof, default.advantage_estimator) == (
+        1e-6, 0, "grpo",
+    )  # fmt: skip
     rl.objective = "gspo"
     o = objective_from_config(rl)
     assert (o.name, o.clip_low, o.clip_high) == ("gspo", rl.gspo_clip_low, rl.gspo_clip_high)
-    rl.objective = "dr_grpo"
-    assert objective_from_config(rl).clip_high == rl.clip_high
+    rl.objective, rl.adv_eps, rl.adv_std_ddof = "dr_grpo", 1e-4, 1
+    o = objective_from_config(rl)
+    assert (o.clip_high, o.adv_eps, o.adv_std_ddof) == (rl.clip_high, 1e-4, 1)
     with pytest.raises(ValueError, match="expected one of grpo, dr_grpo, dapo, gspo"):
         Objective("ppo")
-    with pytest.raises(ValueError, match="'dapo' aggregates by token; aggregation='sequence'"):
-        Objective("dapo", aggregation="sequence")
+    with pytest.raises(ValueError, match="^adv_std_ddof=2; expected 0 or 1$"):
+        Objective(adv_std_ddof=2)
 
 
-@pytest.mark.parametrize("objective", [c[0] for c in CASES], ids=[c[1] for c in CASES])
+@pytest.mark.parametrize("objective", CASES.values(), ids=CASES)
 def test_masked_padding_groups_change_nothing(objective):
     """The batch with extra groups marked `group_mask` 0 (copies of real ones, rewards changed
     so that they would count if they were seen) gives the real batch's loss, gradient and
@@ -265,21 +286,49 @@ SIGNAL_REWARDS = np.array(
 )
 
 
+@pytest.mark.parametrize("ddof", [0, 1])
 @pytest.mark.parametrize("name, normalize", [("grpo", True), ("dr_grpo", False)])
-def test_registered_estimators_match_numpy(name, normalize):
+def test_registered_estimators_match_numpy(name, normalize, ddof):
     rewards = np.random.default_rng(9).random((5, 6)).astype(np.float32)
     rewards[1] = 0.25  # degenerate: exactly 0
-    adv = np.asarray(estimate(name, rewards, EPS))
+    adv = np.asarray(estimate(name, rewards, EPS, ddof))
     assert adv.dtype == np.float32 and (adv[1] == 0).all()
-    np.testing.assert_allclose(adv, np_advantages(rewards, normalize), rtol=1e-5, atol=1e-6)
+    want = np_advantages(rewards, normalize, EPS, ddof)
+    np.testing.assert_allclose(adv, want, rtol=1e-5, atol=1e-6)
 
 
+def test_the_std_convention_is_a_setting_and_the_default_is_unchanged():
+    """ddof 1 (TRL's and Tunix's sample std) gives advantages sqrt((G - 1) / G) times the
+    population std's (eps aside); ddof 0, the default and `group_advantages`, is bit for bit
+    the formula every earlier run used, so their numbers stay what they were."""
+    # G = 6: 1 / G is inexact, so another way to divide by G would show in the last bits
+    rewards = np.random.default_rng(13).random((64, 6)).astype(np.float32)
+    rewards[3] = 1.0  # degenerate
+    pop, sample = (np.asarray(estimate("grpo", rewards, 0.0, d)) for d in (0, 1))
+    np.testing.assert_allclose(sample, pop * np.sqrt(5 / 6), rtol=1e-6)
+    assert (pop[3] == 0).all() and (sample[3] == 0).all()
+
+    def before(r):  # the population-std formula of every earlier run, as it was written
+        mu = jnp.mean(r)
+        sigma = jnp.sqrt(jnp.mean(jnp.square(r - mu)))
+        return jnp.where(jnp.all(r == r[0]), 0.0, (r - mu) / (sigma + EPS))
+
+    want = np.asarray(jax.jit(jax.vmap(before))(rewards))
+    for got in (
+        jax.jit(lambda r: estimate("grpo", r, EPS))(rewards),
+        jax.jit(group_advantages)(rewards),
+        jax.jit(Objective().advantages)(rewards),
+    ):
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize("ddof", [0, 1])
 @pytest.mark.parametrize("name", list(ESTIMATORS))
-def test_every_estimator_declares_the_signal_its_advantages_carry(name):
+def test_every_estimator_declares_the_signal_its_advantages_carry(name, ddof):
     """A registered estimator's signal rule (what the step's skip, the RL loop's `has_signal`
     and dynamic sampling read) says exactly which groups get a non-zero advantage; every one
     registered is group-relative: a group of equal rewards gets exactly 0."""
-    adv = np.asarray(estimate(name, SIGNAL_REWARDS, EPS))
+    adv = np.asarray(estimate(name, SIGNAL_REWARDS, EPS, ddof))
     signal = np.asarray(group_signal(name, SIGNAL_REWARDS))
     np.testing.assert_array_equal(signal, (adv != 0).any(1))
     assert signal.tolist() == [False, True, False, True, True]
@@ -352,9 +401,9 @@ def test_a_name_is_registered_once():
     function: a second registration under a taken name (a variant with a setting captured in a
     closure, say) is refused."""
     with pytest.raises(ValueError, match="^objective 'grpo' is already registered$"):
-        register_objective("grpo")(token_ratio)
+        register_objective("grpo", aggregation="sequence")(token_ratio)
     with pytest.raises(ValueError, match="^estimator 'grpo' is already registered$"):
-        register_estimator("grpo")(lambda r, eps: r)
+        register_estimator("grpo")(lambda r, eps, ddof: r)
     assert list(OBJECTIVES) == ["grpo", "dr_grpo", "dapo", "gspo"]
 
 
@@ -363,7 +412,7 @@ def test_the_estimators_signal_rule_decides_the_skip_the_loop_and_dynamic_sampli
     group's own, a group of equal rewards carries signal, so the loss does not ask for a skip,
     `has_signal` steps the minibatch and dynamic sampling keeps the group; GRPO's rule says no
     to all three. A padding group (`group_mask` 0) counts for neither."""
-    const = Estimator(lambda r, eps: r - 0.5, lambda r: jnp.any(r != 0.5))
+    const = Estimator(lambda r, eps, ddof: r - 0.5, lambda r: jnp.any(r != 0.5))
     monkeypatch.setitem(ESTIMATORS._items, "test_fixed_baseline", const)
     batch, logp = make_batch(11)
     batch["rewards"][:] = 1.0  # every group degenerate

@@ -33,13 +33,15 @@ def rewards_differ(rewards: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class Estimator:
-    """A registered advantage estimator: `advantage(rewards [G], eps) -> [G]` for one group
-    (float32; vmapped over the groups of the whole batch), and `signal(rewards [G]) -> bool []`,
+    """A registered advantage estimator: `advantage(rewards [G], eps, ddof) -> [G]` for one
+    group (float32; vmapped over the groups of the whole batch; eps and ddof are the
+    std-normalising estimators' settings, `Objective.adv_eps` / `adv_std_ddof`, which the others
+    ignore), and `signal(rewards [G]) -> bool []`,
     whether that group's advantages can be non-zero. A batch whose valid groups all lack signal
     is not stepped (the RL loop) and leaves the state untouched if it is (`train.state`); dynamic
     sampling keeps only groups with signal."""
 
-    advantage: Callable[[jax.Array, float], jax.Array]
+    advantage: Callable[[jax.Array, float, int], jax.Array]
     signal: Callable[[jax.Array], jax.Array]
 
 
@@ -49,10 +51,10 @@ ESTIMATORS: Registry[Estimator] = Registry("estimator")
 def register_estimator(
     name: str, signal: Callable[[jax.Array], jax.Array] = rewards_differ
 ) -> Callable:
-    """Decorator: registers `fn(rewards [G], eps) -> advantages [G]` as estimator `name`
+    """Decorator: registers `fn(rewards [G], eps, ddof) -> advantages [G]` as estimator `name`
     (`rl.estimator` selects it), with its signal rule (default: the group's rewards differ)."""
 
-    def register(fn: Callable[[jax.Array, float], jax.Array]) -> Callable:
+    def register(fn: Callable[[jax.Array, float, int], jax.Array]) -> Callable:
         ESTIMATORS.add(name, Estimator(fn, signal))
         return fn
 
@@ -60,28 +62,32 @@ def register_estimator(
 
 
 @register_estimator("grpo")
-def normalized_advantage(rewards: jax.Array, eps: float) -> jax.Array:
-    """GRPO's (r - mean) / (std + eps), population std (ddof=0); exactly 0 when every reward
-    is equal."""
+def normalized_advantage(rewards: jax.Array, eps: float, ddof: int) -> jax.Array:
+    """GRPO's (r - mean) / (std + eps), the std with `ddof` delta degrees of freedom (0: the
+    population std; 1: the sample std TRL and Tunix use); exactly 0 when every reward is
+    equal."""
     r = rewards.astype(jnp.float32)
     mu = jnp.mean(r)
-    sigma = jnp.sqrt(jnp.mean(jnp.square(r - mu)))
+    # sum / (G - ddof): at ddof 0 the same sum / G as jnp.mean; a group of one has no signal
+    # (`rewards_differ`), and max(.., 1) keeps its unused branch finite at ddof 1
+    sigma = jnp.sqrt(jnp.sum(jnp.square(r - mu)) / max(r.shape[0] - ddof, 1))
     return jnp.where(rewards_differ(r), (r - mu) / (sigma + eps), 0.0)
 
 
 @register_estimator("dr_grpo")
-def centered_advantage(rewards: jax.Array, eps: float) -> jax.Array:
-    """Dr. GRPO's r - mean (no std division, so no eps); exactly 0 when every reward is equal."""
-    del eps
+def centered_advantage(rewards: jax.Array, eps: float, ddof: int) -> jax.Array:
+    """Dr. GRPO's r - mean (no std division, so no eps or ddof); exactly 0 when every reward is
+    equal."""
+    del eps, ddof
     r = rewards.astype(jnp.float32)
     return jnp.where(rewards_differ(r), r - jnp.mean(r), 0.0)
 
 
 @register_estimator("rloo")
-def leave_one_out_advantage(rewards: jax.Array, eps: float) -> jax.Array:
+def leave_one_out_advantage(rewards: jax.Array, eps: float, ddof: int) -> jax.Array:
     """RLOO: r_i minus the mean of the group's other rewards, (sum - r_i) / (G - 1); exactly 0
     when every reward is equal (and for a group of one, which has no baseline)."""
-    del eps
+    del eps, ddof
     r = rewards.astype(jnp.float32)
     baseline = (jnp.sum(r) - r) / max(r.shape[0] - 1, 1)
     return jnp.where(rewards_differ(r), r - baseline, 0.0)
@@ -94,10 +100,11 @@ def _groups(rewards: jax.Array) -> jax.Array:
     return rewards
 
 
-def estimate(name: str, rewards: jax.Array, eps: float = 1e-6) -> jax.Array:
-    """rewards [P, G] -> advantages [P, G] by estimator `name`, vmapped over the groups."""
+def estimate(name: str, rewards: jax.Array, eps: float = 1e-6, ddof: int = 0) -> jax.Array:
+    """rewards [P, G] -> advantages [P, G] by estimator `name` (std-normalising ones: + eps,
+    std with `ddof`), vmapped over the groups."""
     fn = ESTIMATORS[name].advantage
-    return jax.vmap(lambda r: fn(r, eps))(_groups(rewards))
+    return jax.vmap(lambda r: fn(r, eps, ddof))(_groups(rewards))
 
 
 def group_signal(name: str, rewards: jax.Array) -> jax.Array:
@@ -106,8 +113,8 @@ def group_signal(name: str, rewards: jax.Array) -> jax.Array:
 
 
 def group_advantages(rewards: jax.Array, eps: float = 1e-6) -> jax.Array:
-    """rewards [P, G] -> advantages [P, G], centred and std-normalised within each group (row):
-    estimator "grpo"."""
+    """rewards [P, G] -> advantages [P, G], centred and normalised by the population std
+    (ddof 0) within each group (row): estimator "grpo"."""
     return estimate("grpo", rewards, eps)
 
 

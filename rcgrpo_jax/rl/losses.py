@@ -1,5 +1,7 @@
 """The RL policy losses (GRPO, Dr. GRPO, DAPO, GSPO), each registered by name
-(`@register_objective`), over a [P, G, T] batch of rollouts.
+(`@register_objective`), over a [P, G, T] batch of rollouts. The names mean what TRL's
+`GRPOConfig.loss_type` values mean (docs/objectives.md: the table, and how our settings map to
+TRL's and Tunix's).
 
 Batch (all leading dims [P, G]; P prompts × G rollouts):
 - tokens, positions, segments [P, G, T]: the full trajectory (prompt + turns + tool results).
@@ -48,11 +50,11 @@ class Declared:
     the advantage estimator it uses unless `rl.estimator` names another."""
 
     ratio: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
-    # token: sum over the batch's generated tokens / their count (DAPO's token-level loss);
+    # token: sum over the update's generated tokens / their count (DAPO's token-level loss; exact
+    # over microbatches, so the global count TRL's `dapo` divides by);
     # sequence: the mean over sequences of each one's token mean (GRPO's original form);
-    # constant: sum / (sequences x a fixed length), free of each sequence's length (Dr. GRPO);
-    # None: the `Objective`'s own `aggregation` (token or sequence)
-    aggregation: str | None
+    # constant: sum / (sequences x a fixed length), free of each sequence's length (Dr. GRPO)
+    aggregation: str
     estimator: str
     # the config keys of its clip range, rl.<clip>_low / rl.<clip>_high (`objective_from_config`)
     clip: str = "clip"
@@ -62,14 +64,14 @@ OBJECTIVES: Registry[Declared] = Registry("objective")
 
 
 def register_objective(
-    name: str, *, aggregation: str | None = None, estimator: str = "grpo", clip: str = "clip"
+    name: str, *, aggregation: str, estimator: str = "grpo", clip: str = "clip"
 ) -> Callable:
     """Decorator: registers `ratio(logp, old, mask) -> [P, G, T]` (log-probs now and at the
     rollout, the loss mask; the ratio's value at every token) as objective `name` (`rl.objective`
     selects it). `objective_loss` clips the ratio to [1 - clip_low, 1 + clip_high] (from the
     config keys rl.<clip>_low / rl.<clip>_high), weighs it by the advantages, adds the KL term
-    and aggregates as declared."""
-    if aggregation not in (None, *AGGREGATIONS):
+    and aggregates as declared (one of AGGREGATIONS)."""
+    if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation={aggregation!r}; expected one of {', '.join(AGGREGATIONS)}")
     ESTIMATORS[estimator]  # an unknown estimator: the registry's one-line ValueError
 
@@ -80,9 +82,12 @@ def register_objective(
     return register
 
 
-@register_objective("dapo", aggregation="token")
+# Each name is TRL's `loss_type` of the same aggregation. TRL's `bnpo` (token mean of each
+# micro-batch) has no name here: our token mean is exact over microbatches, which is `dapo`; the
+# two agree when TRL runs one micro-batch per update (docs/objectives.md).
+@register_objective("dapo", aggregation="token")  # the default (rl.objective), as TRL's
 @register_objective("dr_grpo", aggregation="constant", estimator="dr_grpo")
-@register_objective("grpo")  # decorators apply bottom up: the default is registered first
+@register_objective("grpo", aggregation="sequence")  # decorators apply bottom up
 def token_ratio(logp: jax.Array, old: jax.Array, mask: jax.Array) -> jax.Array:
     """p / p_old per token."""
     del mask
@@ -103,12 +108,14 @@ class Objective:
     setting they read. It is the compiled step's key (`rl.train_step.make_rl_step`): whatever
     changes the loss must be a field here."""
 
-    name: str = "grpo"
+    name: str = "dapo"
     clip_low: float = 0.2  # ratio floor 1 - clip_low
     clip_high: float = 0.28  # ratio ceiling 1 + clip_high (decoupled, as DAPO)
     kl_beta: float = 0.0  # weight of the k3 KL estimator to the reference policy
-    aggregation: str = "token"  # grpo only: token | sequence (the others fix their own)
-    adv_eps: float = 1e-6
+    adv_eps: float = 1e-6  # the std-normalising estimators' (r - mean) / (std + adv_eps)
+    # their std's delta degrees of freedom: 0 the population std (this project's default), 1 the
+    # sample std of TRL, Tunix and DeepSeekMath's GRPO (advantages sqrt(G / (G - 1)) smaller)
+    adv_std_ddof: int = 0
     # dr_grpo: the fixed tokens per sequence of its divisor (the stage passes rl.max_len); 0 = the
     # step's T, which is bucketed to the batch's content and so not fixed across iterations
     norm_length: int = 0
@@ -116,16 +123,11 @@ class Objective:
 
     def __post_init__(self) -> None:
         # an unknown name: the registry's one-line ValueError
-        own = OBJECTIVES[self.name].aggregation
+        OBJECTIVES[self.name]
         if self.estimator:
             ESTIMATORS[self.estimator]
-        if self.aggregation not in ("token", "sequence"):
-            raise ValueError(f"aggregation={self.aggregation!r}; expected 'token' or 'sequence'")
-        if own is not None and self.aggregation != "token":
-            raise ValueError(
-                f"objective {self.name!r} aggregates by {own}; aggregation="
-                f"{self.aggregation!r} applies to grpo only"
-            )
+        if self.adv_std_ddof not in (0, 1):
+            raise ValueError(f"adv_std_ddof={self.adv_std_ddof!r}; expected 0 or 1")
 
     @property
     def declared(self) -> Declared:
@@ -136,16 +138,20 @@ class Objective:
         """The estimator's name: `estimator`, or the objective's own where that is empty."""
         return self.estimator or self.declared.estimator
 
+    def advantages(self, rewards: jax.Array) -> jax.Array:
+        """rewards [P, G] -> advantages [P, G] by the estimator, with its settings."""
+        return estimate(self.advantage_estimator, rewards, self.adv_eps, self.adv_std_ddof)
+
 
 def with_advantages(objective: Objective, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     """The batch with `advantages` [P, G] and `group_signal` [P] (1.0 where the group carries
     signal) from the objective's estimator over all of its groups: the fused step runs this on
     the whole batch before splitting it into microbatches."""
-    name, rewards = objective.advantage_estimator, batch["rewards"]
+    rewards = batch["rewards"]
     return {
         **batch,
-        ADVANTAGES: estimate(name, rewards, objective.adv_eps),
-        GROUP_SIGNAL: group_signal(name, rewards).astype(jnp.float32),
+        ADVANTAGES: objective.advantages(rewards),
+        GROUP_SIGNAL: group_signal(objective.advantage_estimator, rewards).astype(jnp.float32),
     }
 
 
@@ -219,7 +225,7 @@ def objective_loss(
         per_token = per_token + objective.kl_beta * kl
 
     has_tok = (seq_tok > 0).astype(jnp.float32)
-    aggregation = declared.aggregation or objective.aggregation
+    aggregation = declared.aggregation
     if aggregation == "token":
         weight = n_tok
         loss = jnp.sum(per_token * mask) / jnp.maximum(n_tok, 1.0)
@@ -285,16 +291,18 @@ def summarize(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 def objective_from_config(rl: ml_collections.ConfigDict) -> Objective:
     """The `Objective` that `rl.objective` names, with its parameters from `rl.*` and the
-    estimator `rl.estimator` ("": the objective's own): the clip range from the keys the
-    objective declares (gspo's sequence ratio: its own, much narrower rl.gspo_clip_*), dr_grpo
-    divides by sequences x rl.max_len (the fixed budget of a trajectory)."""
+    estimator `rl.estimator` ("": the objective's own) with rl.adv_eps and rl.adv_std_ddof: the
+    clip range from the keys the objective declares (gspo's sequence ratio: its own, much
+    narrower rl.gspo_clip_*), dr_grpo divides by sequences x rl.max_len (the fixed budget of a
+    trajectory)."""
     clip = OBJECTIVES[rl.objective].clip
     return Objective(
         name=rl.objective,
         clip_low=float(rl[f"{clip}_low"]),
         clip_high=float(rl[f"{clip}_high"]),
         kl_beta=float(rl.kl_beta),
-        aggregation=rl.aggregation,
+        adv_eps=float(rl.adv_eps),
+        adv_std_ddof=int(rl.adv_std_ddof),
         norm_length=int(rl.max_len),
         estimator=str(rl.estimator),
     )

@@ -18,7 +18,7 @@ import numpy as np
 from rcgrpo_jax import distributed
 from rcgrpo_jax.envs.base import task_kind
 from rcgrpo_jax.envs.reward_tokens import HIGH, LOW, NONE
-from rcgrpo_jax.rl.advantages import degenerate_groups, estimate, group_signal
+from rcgrpo_jax.rl.advantages import degenerate_groups, group_signal
 from rcgrpo_jax.rl.curve import Curve
 from rcgrpo_jax.rl.losses import summarize
 from rcgrpo_jax.rl.rollout import concat_groups
@@ -240,8 +240,7 @@ def row_advantages(objective: Objective, rewards: np.ndarray, trained: np.ndarra
     for the `trained` groups ([groups] bool); 0 in the others, which no update sees."""
     out = np.zeros(rewards.shape, np.float32)
     if trained.any():
-        name, eps = objective.advantage_estimator, objective.adv_eps
-        out[trained] = np.asarray(estimate(name, rewards[trained], eps))
+        out[trained] = np.asarray(objective.advantages(rewards[trained]))
     return out
 
 
