@@ -100,6 +100,10 @@ def _groups(rewards: jax.Array) -> jax.Array:
     return rewards
 
 
+# jitted (a name means one function: `Registry`), so the host's calls per iteration (the
+# report's advantages, dynamic sampling's and the loop's signal checks) are one dispatch each,
+# not one per op; inside the fused step they are inlined
+@functools.partial(jax.jit, static_argnames=("name", "eps", "ddof"))
 def estimate(name: str, rewards: jax.Array, eps: float = 1e-6, ddof: int = 0) -> jax.Array:
     """rewards [P, G] -> advantages [P, G] by estimator `name` (std-normalising ones: + eps,
     std with `ddof`), vmapped over the groups."""
@@ -107,6 +111,7 @@ def estimate(name: str, rewards: jax.Array, eps: float = 1e-6, ddof: int = 0) ->
     return jax.vmap(lambda r: fn(r, eps, ddof))(_groups(rewards))
 
 
+@functools.partial(jax.jit, static_argnames=("name",))
 def group_signal(name: str, rewards: jax.Array) -> jax.Array:
     """rewards [P, G] -> [P] bool: the groups that carry signal under estimator `name`."""
     return jax.vmap(ESTIMATORS[name].signal)(_groups(rewards))
