@@ -257,9 +257,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     from rcgrpo_jax.stages import sft
     from rcgrpo_jax.stages.rl_report import run_stats
 
-    if int(config.train.warm_start_steps) > 0:
-        setup.require_stage1_sources(config, demonstrations=True)
-    setup.require_stage1_sources(config, demonstrations=False)
+    setup.require_stage1_sources(config, demonstrations=int(config.train.warm_start_steps) > 0)
     t0 = time.time()
     workdir = Path(config.workdir)
     workdir.mkdir(parents=True, exist_ok=True)

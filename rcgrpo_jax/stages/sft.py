@@ -46,6 +46,11 @@ from rcgrpo_jax.train.metrics import MetricsWriter
 from rcgrpo_jax.train.state import make_train_step
 
 
+def _sampler_seed(config: ml_collections.ConfigDict, call: int) -> int:
+    """The seed of stage 1's `call`-th sampling call of the starting policy (one stream each)."""
+    return int(config.seed) * 7919 + call
+
+
 def rollout_policy(config, model, tokenizer, mesh):
     """The initial policy, sampled at temperature `rl.temperature`: the source of RCTP's own
     low-quality trajectories (labelled by the reward they get, like every other source)."""
@@ -62,7 +67,7 @@ def rollout_policy(config, model, tokenizer, mesh):
         out = sampling.generate(
             cfg, params, batch, int(config.rl.max_new_tokens),
             temperature=float(config.rl.temperature), stop_token_ids=stops,
-            seed=int(config.seed) * 7919 + next(calls), mesh=mesh,
+            seed=_sampler_seed(config, next(calls)), mesh=mesh,
         )  # fmt: skip
         return out.tokens
 
@@ -101,10 +106,10 @@ def policy_rollouts(config: ml_collections.ConfigDict, s: setup.Start) -> Source
         for n, lo in enumerate(range(0, len(tasks), per_call)):
             chunk = tasks[lo : lo + per_call]
             tokens = np.full((len(chunk), k), NONE, np.int32)
-            seed = int(config.seed) * 7919 + n  # one sampler stream per call, as rollout_policy
             ro = collect(
-                s.cfg, s.params, s.tokenizer, env, chunk, tokens, settings, seed=seed, mesh=s.mesh
-            )
+                s.cfg, s.params, s.tokenizer, env, chunk, tokens, settings,
+                seed=_sampler_seed(config, n), mesh=s.mesh,
+            )  # fmt: skip
             mine = [
                 (r, e.messages, e.tools, e.decoded)
                 for r, e in enumerate(ro.episodes)
