@@ -257,3 +257,40 @@ def test_full_disk_stops_with_one_line(reference, tmp_path):
     out = run(workdir, **RCGRPO)
     assert "could not be restored" not in out.stderr, out.stderr[-3000:]
     assert_same_rl_run(reference, workdir)
+
+
+ASYNC_SAVE_ON_FULL_DISK = """
+import sys
+import jax.numpy as jnp
+import numpy as np
+from rcgrpo_jax.train.checkpoint import Checkpointer
+from rcgrpo_jax.train.metrics import OutputError
+# 4 MiB of incompressible floats, the first step (no earlier step to size the space check by):
+# the disk fills inside orbax's background commit, not in the caller's thread
+state = {"w": jnp.asarray(np.random.default_rng(0).standard_normal((1024, 1024)), jnp.float32)}
+try:
+    with Checkpointer(sys.argv[1], save_every=1) as ckpt:
+        assert ckpt.save(1, state, force=True)
+except OutputError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+def test_full_disk_inside_the_async_save_is_one_line(tmp_path):
+    """The disk fills while orbax commits in its background threads (each of which logs a
+    traceback of the failure): the caller gets one `error:` line and nothing else on stderr."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    script = 'mount -t tmpfs -o size=1m tmpfs "$0" && "${@:1}"'
+    out = subprocess.run(
+        ["unshare", "-rm", "bash", "-c", script, str(mount), sys.executable, "-c",
+         ASYNC_SAVE_ON_FULL_DISK, str(mount / "checkpoints")],
+        cwd=REPO, env=environment(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+    assert (
+        lines[0]
+        == f"error: cannot write checkpoints in {mount}/checkpoints: No space left on device"
+    )

@@ -15,12 +15,15 @@ temporary folder and renames it when complete, so a kill -9 mid-save leaves the 
 as they were. Before each save the free space is compared with the size of the latest step on
 disk (orbax's async writer fails noisily, in background threads, when the disk fills up); a save
 that would not fit, or one that fails for lack of space all the same, raises `OutputError`
-naming the checkpoint folder. The steps saved before it stay readable.
+naming the checkpoint folder. The steps saved before it stay readable. Orbax also logs such a
+failure, with tracebacks, from each of its background threads; those records are dropped (a
+disk error only: every other failure is logged as orbax logs it), since `wait()` reports it.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import shutil
 import sys
 from pathlib import Path
@@ -51,6 +54,23 @@ def disk_error(e: BaseException) -> str | None:
     return None
 
 
+class _DropDiskErrors(logging.Filter):
+    """Drops orbax's log records of a disk-full failure: `Checkpointer.wait` raises it as one
+    OutputError line, where orbax's threads would print a traceback each."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return disk_error(error) is None and not any(
+            m in record.getMessage() for m in _DISK_MESSAGES
+        )
+
+
+def _quiet_orbax_disk_errors() -> None:
+    absl_logger = logging.getLogger("absl")  # orbax logs through absl
+    if not any(isinstance(f, _DropDiskErrors) for f in absl_logger.filters):
+        absl_logger.addFilter(_DropDiskErrors())
+
+
 class Checkpointer:
     """Save every `save_every` steps (and when forced, e.g. at the end), keep the last `keep`."""
 
@@ -65,6 +85,7 @@ class Checkpointer:
             enable_async_checkpointing=async_save,
             create=True,
         )
+        _quiet_orbax_disk_errors()
         self.manager = ocp.CheckpointManager(self.directory, options=options)
 
     def save(
