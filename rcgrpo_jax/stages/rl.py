@@ -224,13 +224,7 @@ def _prepare(config: ml_collections.ConfigDict, algo: str) -> tuple[RunContext, 
         mesh=initial.mesh, shardings=training.shardings, grad_accum=training.optim.grad_accum,
         schedule=training.schedule, key=training.optim,
     )  # fmt: skip
-    settings = RolloutSettings(
-        chat_format=config.model.chat_format, max_new_tokens=int(rl.max_new_tokens),
-        max_len=int(rl.max_len), temperature=float(rl.temperature), top_p=float(rl.top_p),
-        max_steps_per_turn=int(config.env.max_steps_per_turn),
-        call_timeout_s=float(config.env.call_timeout_s), max_rows=int(rl.max_rows),
-        sampler_weights=str(config.mesh.sampler_weights),
-    )  # fmt: skip
+    settings = setup.rl_rollout_settings(config)
     budget = rollout_budget(rl)
     ctx = RunContext(
         config=config, algo=algo, cfg=training.cfg, tokenizer=initial.tokenizer, mesh=initial.mesh,

@@ -276,6 +276,21 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def rl_rollout_settings(config: ml_collections.ConfigDict):
+    """How RL's rollouts (and stage 1's policy rollouts, which sample as RL does) are drawn:
+    `config.rl`'s lengths and sampling, `config.env`'s episode limits."""
+    from rcgrpo_jax.rl.rollout import RolloutSettings
+
+    rl = config.rl
+    return RolloutSettings(
+        chat_format=config.model.chat_format, max_new_tokens=int(rl.max_new_tokens),
+        max_len=int(rl.max_len), temperature=float(rl.temperature), top_p=float(rl.top_p),
+        max_steps_per_turn=int(config.env.max_steps_per_turn),
+        call_timeout_s=float(config.env.call_timeout_s), max_rows=int(rl.max_rows),
+        sampler_weights=str(config.mesh.sampler_weights),
+    )  # fmt: skip
+
+
 def environment(config: ml_collections.ConfigDict, section: str = "env"):
     """The environment `env.benchmark` names, built from the options in `env.<benchmark>`;
     `section="eval"` lays `eval.<benchmark>` over them (the eval stage's own selection).

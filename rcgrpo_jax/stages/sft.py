@@ -85,16 +85,10 @@ def policy_rollouts(config: ml_collections.ConfigDict, s: setup.Start) -> Source
 
     from rcgrpo_jax import distributed
     from rcgrpo_jax.envs.reward_tokens import NONE
-    from rcgrpo_jax.rl.rollout import RolloutSettings, collect
+    from rcgrpo_jax.rl.rollout import collect
 
     env, k = setup.environment(config), int(config.rctp.rollouts_per_entry)
-    settings = RolloutSettings(
-        chat_format=config.model.chat_format, max_new_tokens=int(config.rl.max_new_tokens),
-        max_len=int(config.rl.max_len), temperature=float(config.rl.temperature),
-        top_p=float(config.rl.top_p), max_steps_per_turn=int(config.env.max_steps_per_turn),
-        call_timeout_s=float(config.env.call_timeout_s), max_rows=int(config.rl.max_rows),
-        sampler_weights=str(config.mesh.sampler_weights),
-    )  # fmt: skip
+    settings = setup.rl_rollout_settings(config)
     per_call = max(1, int(config.rctp.rollout_batch) // k)
 
     def rollouts(tasks: Sequence[Any]) -> tuple[list[Trajectory], Counter]:
