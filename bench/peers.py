@@ -31,7 +31,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -42,18 +41,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RUNS = HERE / "peer_runs"
 sys.path.insert(0, str(RUNS))
+import build  # noqa: E402
 import workload as w  # noqa: E402
+
+from rcgrpo_jax import machine  # noqa: E402
 
 SYSTEMS = ("ours", "trl", "tunix")
 RUNNERS = {"ours": "ours_run.py", "trl": "trl_run.py", "tunix": "tunix_run.py"}
 TOKEN_TOLERANCE = 0.10  # generated tokens may differ by this much for a ratio to be printed
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def tunix_python(cache: Path) -> str:
@@ -142,14 +137,12 @@ def main() -> None:
     cores = sorted(os.sched_getaffinity(0))
     threads = [int(t) for t in a.threads.split(",") if int(t) <= len(cores)]
 
-    sys.path.insert(0, str(RUNS))
-    import build
-
     ckpt = build.build(a.cache / "ckpt")
     pythons = {"ours": sys.executable, "trl": sys.executable}
     if "tunix" in systems:
         pythons["tunix"] = tunix_python(a.cache)
-    print(f"{cpu_name()}, {len(cores)} cores; load average {os.getloadavg()[0]:.2f} at start; "
+    cpu, load = machine.cpu_line(machine.cpu()), os.getloadavg()[0]
+    print(f"{cpu}, {len(cores)} cores; load average {load:.2f} at start; "
           f"P={w.P} x G={w.G}, temperature {w.TEMPERATURE}, {a.iterations} iterations "
           f"(the first is compile/warm-up)")  # fmt: skip
     workloads = [("single", n) for n in map(int, a.max_new.split(","))] * ("single" in a.modes)
