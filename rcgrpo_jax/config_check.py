@@ -309,6 +309,7 @@ RULES: dict[str, Rule] = {
     "rl.adv_eps": number(0.0),
     "rl.adv_std_ddof": integer(0, 1),  # 0 population std, 1 sample std
     "rl.shuffle_rewards": boolean,
+    "rl.share_prompt": boolean,
     "rl.dynamic_sampling": boolean,
     "rl.dynamic_max_rounds": integer(1),
     "rl.max_rollouts": integer(0),

@@ -35,6 +35,10 @@ class Buckets:
     preallocate_max: int = 2048
     decode_steps: int = 64  # most tokens per jitted decode call (the loop exits when rows stop)
     stops_min: int = 4  # stop-set width: power of two >= stops_min
+    # The shared-prompt update's prompt and rest lengths (`piece_bucket`): from this lower
+    # minimum, since the two pieces of a short row each padded to cache_min would give back most
+    # of what sharing the prompt saves.
+    piece_min: int = 16
 
 
 def pow2_bucket(n: int, lo: int) -> int:
@@ -68,3 +72,14 @@ def length_bucket(n: int, buckets: Buckets = Buckets()) -> int:  # noqa: B008 (f
     compiled for a run stay few (one per bucket) whatever the trajectories' lengths."""
     top = buckets.cache_geom_max
     return -(-n // top) * top if n > top else geom_bucket(n, buckets.cache_min)
+
+
+def piece_bucket(n: int, buckets: Buckets = Buckets()) -> int:  # noqa: B008 (frozen)
+    """The shared-prompt update's lengths: 2^k x (1, 1.25, 1.5, 1.75) (>= piece_min), at most
+    1/5 padding. Finer than `length_bucket` because each piece is padded on its own, and a
+    prompt of 4,100 tokens padded to 8,192 would cost more than its sharing saves."""
+    if n <= buckets.piece_min:
+        return buckets.piece_min
+    base = 1 << (int(n) - 1).bit_length() - 1  # the largest power of two below n
+    step = base // 4
+    return base + -(-(int(n) - base) // step) * step

@@ -321,7 +321,8 @@ def test_rl_rows_sized_to_content_one_program_per_bucket(params):
         t = ro.tokens.shape[-1]
         assert t == min(length_bucket(int(lengths.max())), settings.max_len) and t >= lengths.max()
         assert (ro.segments.sum(-1) == lengths.reshape(P, G)).all()
-        state, metrics = step(state, ro.batch())
+        # whole rows (the shared-prompt layout's shapes: tests/test_shared_prompt.py)
+        state, metrics = step(state, ro.batch(share_prompt=False))
         assert np.isfinite(float(metrics["loss"]))
         seen.append(t)
     assert seen == [64, 64, 96, 96, 112]  # 130 > max_len: capped at rl.max_len itself

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rcgrpo_jax.shapes import length_bucket
+from rcgrpo_jax.shapes import length_bucket, piece_bucket
 
 
 def bucket_length(n: int, buckets: Sequence[int]) -> int:
@@ -122,3 +122,74 @@ def loss_index(loss_mask: np.ndarray) -> np.ndarray:
     k = min(length_bucket(max(int(mask.sum(-1).max(initial=0)), 1)), t)
     order = np.argsort(~mask, axis=-1, kind="stable")[..., :k]  # loss positions first, in order
     return np.where(np.take_along_axis(mask, order, -1), order, 0).astype(np.int32)
+
+
+# The batch keys of `shared_prompts`: prompt rows [P, K, ...] and the rest of each row [P, G, ...]
+SHARED_PROMPT_KEYS = (
+    "prompt_tokens", "prompt_length", "prompt_of",
+    "rest_tokens", "rest_positions", "rest_segments", "rest_start",
+)  # fmt: skip
+
+
+def shared_prompts(
+    tokens: np.ndarray, segments: np.ndarray, loss_mask: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Groups of right-padded rows [P, G, T] (segments 1 real, 0 padding) as the prompts they
+    share and the rest of each row, for a loss that runs each prompt once
+    (`models.shared_prefix_logprobs`). A row's prompt is its tokens before the one that precedes
+    its first loss token (that token's hidden state predicts the first loss token, so it opens
+    the rest); the rows of a group whose prompts are equal token for token share one. Returns:
+
+    - prompt_tokens [P, K, Tp], prompt_length [P, K]: each group's distinct prompts, K the most
+      any group has (GRPO 1; RC-GRPO 2: its reward token is part of the prompt), rows past a
+      group's own count empty (length 0);
+    - prompt_of [P, G]: which of its group's prompts a row continues;
+    - rest_tokens, rest_positions, rest_segments [P, G, Ts]: the rest of each row, positions
+      counting on from its prompt's length;
+    - rest_start [P, G]: where the rest starts in the row (its prompt's length).
+
+    Tp and Ts are the `piece_bucket`s of the longest prompt and rest (at most T). A row with no
+    loss token keeps an empty rest (nothing of it is ever read) and continues its group's first
+    prompt."""
+    tokens = np.asarray(tokens)
+    p, g, t = tokens.shape
+    length = (np.asarray(segments) > 0).sum(-1)
+    mask = np.asarray(loss_mask) > 0
+    mask[..., :1] = False  # as `loss_index`: nothing predicts the first token
+    has_loss = mask.any(-1)
+    # the rest opens one token before the first loss token; a row without one has no rest
+    start = np.where(has_loss, np.maximum(np.argmax(mask, -1) - 1, 0), length)
+    prompts = [[] for _ in range(p)]  # per group: its distinct prompts, in order of first use
+    prompt_of = np.zeros((p, g), np.int32)
+    for i in range(p):
+        for j in range(g):
+            if not has_loss[i, j]:
+                continue
+            prompt = tokens[i, j, : start[i, j]].tobytes()
+            if prompt not in prompts[i]:
+                prompts[i].append(prompt)
+            prompt_of[i, j] = prompts[i].index(prompt)
+    k = max(1, *(len(x) for x in prompts))
+    rest = np.where(has_loss, length - start, 0)
+    bucket = lambda n: min(piece_bucket(max(1, n)), t)  # never longer than the rows themselves
+    tp, ts = bucket(int(start[has_loss].max(initial=0))), bucket(int(rest.max(initial=0)))
+    out = {
+        "prompt_tokens": np.zeros((p, k, tp), np.int32),
+        "prompt_length": np.zeros((p, k), np.int32),
+        "prompt_of": prompt_of,
+        "rest_tokens": np.zeros((p, g, ts), np.int32),
+        "rest_positions": np.zeros((p, g, ts), np.int32),
+        "rest_segments": np.zeros((p, g, ts), np.int32),
+        "rest_start": np.where(has_loss, start, 0).astype(np.int32),
+    }
+    for i in range(p):
+        for kk, prompt in enumerate(prompts[i]):
+            ids = np.frombuffer(prompt, tokens.dtype)
+            out["prompt_tokens"][i, kk, : len(ids)] = ids
+            out["prompt_length"][i, kk] = len(ids)
+        for j in range(g):
+            n, s = int(rest[i, j]), int(start[i, j])
+            out["rest_tokens"][i, j, :n] = tokens[i, j, s : s + n]
+            out["rest_positions"][i, j, :n] = np.arange(s, s + n)
+            out["rest_segments"][i, j, :n] = 1
+    return out

@@ -4,6 +4,7 @@ sharding."""
 from rcgrpo_jax.models.api import (
     SAMPLER_WEIGHTS,
     Params,
+    SharedPrefix,
     apply,
     forward,
     init_params,
@@ -17,6 +18,7 @@ from rcgrpo_jax.models.api import (
     sampler_param_shapes,
     sampler_param_shardings,
     sampler_params,
+    shared_prefix_logprobs,
     token_logprobs,
 )
 from rcgrpo_jax.models.config import ModelConfig, RopeScaling
@@ -46,6 +48,8 @@ __all__ = [
     "sampler_param_shardings",
     "sampler_params",
     "save_hf",
+    "SharedPrefix",
+    "shared_prefix_logprobs",
     "token_logprobs",
     "use_mesh",
 ]

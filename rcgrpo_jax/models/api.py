@@ -6,11 +6,12 @@ import functools
 import math
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 
-from rcgrpo_jax.models import decoder, sharding, weights
+from rcgrpo_jax.models import attention, decoder, sharding, weights
 from rcgrpo_jax.models.config import SAMPLER_WEIGHTS, ModelConfig
 from rcgrpo_jax.models.weights import Params
 
@@ -155,6 +156,18 @@ def init_params(cfg: ModelConfig, rng: jax.Array, mesh: Mesh | None = None) -> P
         return _init_program(cfg, mesh)(rng)
 
 
+@flax.struct.dataclass
+class SharedPrefix:
+    """Prefix rows that several rows continue (`shared_prefix_logprobs`), in P groups of K
+    prefixes and G rows: tokens [P * K, Tp] (real on slots < length, then padding), length
+    [P * K] int32, and of [P, G] int32 in [0, K): which of its group's prefixes each row
+    (i, j), row i * G + j of the continuing rows, follows."""
+
+    tokens: jax.Array
+    length: jax.Array
+    of: jax.Array
+
+
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
     """Per-row positions that start at 0 on the first real token (left padding shifts nothing)."""
     return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
@@ -219,6 +232,11 @@ def token_logprobs(
     """
     mask = decoder.self_attention_mask(cfg, segments)
     hidden, _ = decoder.forward_hidden(cfg, params, tokens, positions, mask)
+    return _predictions(cfg, params, hidden, tokens, segments, at, chunk)
+
+
+def _predictions(cfg, params, hidden, tokens, segments, at, chunk):
+    """`token_logprobs`' three values from final-normed hidden states [B, T, E] of `tokens`."""
     tokens = tokens.astype(jnp.int32)
     if at is None:
         hidden, targets = hidden[:, :-1], tokens[:, 1:]
@@ -234,6 +252,46 @@ def token_logprobs(
     if at is not None:
         valid &= at > 0
     return logp, ent, valid
+
+
+def shared_prefix_logprobs(
+    cfg: ModelConfig,
+    params: Params,
+    prefix: SharedPrefix,
+    tokens: jax.Array,
+    positions: jax.Array,
+    segments: jax.Array,
+    *,
+    chunk: int = 512,
+    at: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`token_logprobs` of rows [B, Ts] that each continue one of a few shared prefixes: row
+    (i, j) is its group's prefix `prefix.of[i, j]` then `tokens[i * G + j]`, and the values are
+    those of `token_logprobs` over that concatenation, for the targets in `tokens` (positions
+    into its Ts axis; position 0, whose context is the prefix alone, has none). `positions`
+    continue the prefix's (its real token count, `prefix.length`). Each prefix runs through the
+    stack once however many rows continue it: G rollouts of one prompt pay for it once."""
+    n, tp = prefix.tokens.shape
+    b, ts = tokens.shape
+    pre_positions = jnp.broadcast_to(jnp.arange(tp, dtype=jnp.int32), (n, tp))
+    pre_segments = (pre_positions < prefix.length[:, None]).astype(jnp.int32)
+    # the rows' queries sit at slots Tp.. over the keys [their prefix's Tp | their own Ts]
+    slots = jnp.broadcast_to(tp + jnp.arange(ts, dtype=jnp.int32), (b, ts))
+    pick = jax.nn.one_hot(prefix.of, decoder.prefix_of_groups(n, prefix.of), dtype=jnp.int32)
+    kv_segments = jnp.concatenate([decoder.select_prefix(pre_segments, pick), segments], axis=1)
+    masks = (
+        decoder.self_attention_mask(cfg, pre_segments),
+        attention.prepare(cfg, slots, segments, kv_segments, self_attn=False),
+    )
+    embed = lambda x: sharding.constrain(
+        decoder.embed(cfg, params["embedding"], x), decoder.ACT
+    )  # fmt: skip
+    _, hidden = decoder.run_shared_prefix_layers(
+        cfg, params["layers"], embed(prefix.tokens), embed(tokens), masks,
+        (pre_positions, positions), prefix.of,
+    )  # fmt: skip
+    hidden = decoder.final_norm(cfg, params, hidden)
+    return _predictions(cfg, params, hidden, tokens, segments, at, chunk)
 
 
 def _head_logprobs(

@@ -280,14 +280,84 @@ def run_layers(
             new_slots.append(slot)
         return x, tuple(new_slots)
     layer = lambda p, h, pos, m: decoder_layer(cfg, p, h, pos, m)[0]
+    return stack_layers(cfg, layers, layer, x, positions, mask), None
+
+
+def stack_layers(cfg: ModelConfig, layers: Params, layer: Callable, carry: Any, *args: Any) -> Any:
+    """`carry = layer(p, carry, *args)` for each layer's weights `p` of the stacked `layers`
+    [L, ...]: under `lax.scan` (or unrolled over slices, `cfg.scan_layers` False), each layer
+    rematerialised by the config's policy. The training stacks (`run_layers`,
+    `run_shared_prefix_layers`) differ only in `layer` and what the carry holds."""
     if cfg.remat != "none":
         layer = jax.checkpoint(layer, policy=_REMAT[cfg.remat], prevent_cse=False)
     if cfg.scan_layers:
-        x, _ = jax.lax.scan(lambda h, p: (layer(p, h, positions, mask), None), x, layers)
-    else:
-        for i in range(cfg.num_layers):
-            x = layer(jax.tree.map(lambda w, i=i: w[i], layers), x, positions, mask)
-    return x, None
+        return jax.lax.scan(lambda c, p: (layer(p, c, *args), None), carry, layers)[0]
+    for i in range(cfg.num_layers):
+        carry = layer(jax.tree.map(lambda w, i=i: w[i], layers), carry, *args)
+    return carry
+
+
+def _keep_kv(slot: Any, keys_t: jax.Array, values: jax.Array):
+    """`KVWrite` of a shared prefix's layer: attends over its own keys, hands them on."""
+    del slot
+    return keys_t, values, (keys_t, values)
+
+
+def _after_prefix(slot: Any, keys_t: jax.Array, values: jax.Array):
+    """`KVWrite` of a continuation's layer: its prefix's keys (the slot), then its own."""
+    prefix_keys_t, prefix_values = slot
+    keys_t = jnp.concatenate([prefix_keys_t, keys_t.astype(prefix_keys_t.dtype)], axis=-1)
+    values = jnp.concatenate([prefix_values, values.astype(prefix_values.dtype)], axis=2)
+    return keys_t, values, slot
+
+
+def run_shared_prefix_layers(
+    cfg: ModelConfig,
+    layers: Params,
+    prefix: jax.Array,
+    rest: jax.Array,
+    masks: tuple[attention.Mask, attention.Mask],
+    positions: tuple[jax.Array, jax.Array],
+    prefix_of: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """The training stack over rows that share prefixes: prefix rows [N, Tp, E] and the rows
+    that continue them, `rest` [B, Ts, E], in P groups: the N = P * K prefix rows are each
+    group's K, the B = P * G rows each group's G (row-major), and row (i, j) continues its
+    group's prefix prefix_of[i, j] ([P, G], in [0, K)). In each layer the prefixes attend over
+    themselves, and each continuation over its prefix's keys and values (`select_prefix`) then
+    its own: the values of the unshared stack over the concatenated rows, with each prefix
+    computed once however many rows continue it (autodiff sums their gradients into it).
+    `masks`, `positions`: (prefix, rest); the rest's mask is a cached one over [Tp | Ts] keys
+    (`attention.prepare`)."""
+
+    def layer(p, carry, positions, masks, pick):
+        x, xs = carry
+        x, (keys_t, values) = decoder_layer(cfg, p, x, positions[0], masks[0], (), _keep_kv)
+        shared = (select_prefix(keys_t, pick), select_prefix(values, pick))
+        xs, _ = decoder_layer(cfg, p, xs, positions[1], masks[1], shared, _after_prefix)
+        return x, xs
+
+    k = prefix_of_groups(prefix.shape[0], prefix_of)
+    pick = jax.nn.one_hot(prefix_of, k, dtype=prefix.dtype)
+    return stack_layers(cfg, layers, layer, (prefix, rest), positions, masks, pick)
+
+
+def prefix_of_groups(n: int, prefix_of: jax.Array) -> int:
+    """Prefixes per group (K) of `n` prefix rows [P * K] continued by rows `prefix_of` [P, G]."""
+    p = prefix_of.shape[0]
+    if prefix_of.ndim != 2 or n % p:
+        raise ValueError(f"{n} prefix rows for prefix_of {prefix_of.shape}: expected [P, G], P | n")
+    return n // p
+
+
+def select_prefix(x: jax.Array, pick: jax.Array) -> jax.Array:
+    """x [P * K, ...] (each group's K prefixes) -> [P * G, ...]: row (i, j) gets prefix
+    (i, k) where pick[i, j, k] = 1. A contraction within each group rather than a gather, so
+    the backward is one too (the sum over the G rows that share a prefix), not a scatter."""
+    p, g, k = pick.shape
+    grouped = x.reshape(p, k, *x.shape[1:])
+    out = jnp.einsum("pgk,pk...->pg...", pick.astype(x.dtype), grouped)
+    return out.reshape(p * g, *x.shape[1:])
 
 
 def forward_hidden(

@@ -184,11 +184,41 @@ def policy_loss(
     p, g, _ = batch["tokens"].shape
     flat = lambda x: x.reshape(p * g, *x.shape[2:])
     at = batch.get("loss_index")
-    logp, entropy = logprobs_and_entropy(
-        cfg, params, flat(batch["tokens"]), flat(batch["positions"]), flat(batch["segments"]),
-        None if at is None else flat(at),
-    )  # fmt: skip
+    if "prompt_tokens" in batch:
+        logp, entropy = _shared_prompt_logprobs(cfg, params, batch)
+    else:
+        logp, entropy = logprobs_and_entropy(
+            cfg, params, flat(batch["tokens"]), flat(batch["positions"]), flat(batch["segments"]),
+            None if at is None else flat(at),
+        )  # fmt: skip
     return objective_loss(objective, logp.reshape(p, g, -1), entropy.reshape(p, g, -1), batch)
+
+
+def _shared_prompt_logprobs(
+    cfg: ModelConfig, params: Any, batch: Mapping[str, jax.Array]
+) -> tuple[jax.Array, jax.Array]:
+    """`logprobs_and_entropy` of the batch's rows, at `loss_index` (else at every position of
+    T), from its shared-prompt layout (`data.packing.shared_prompts`): each group's prompts run
+    once. Positions before a row's rest (its prompt: never a loss token) hold don't-care
+    values."""
+    p, g, t = batch["tokens"].shape
+    k, ts = batch["prompt_tokens"].shape[1], batch["rest_tokens"].shape[-1]
+    flat = lambda x: x.reshape(p * g, *x.shape[2:])
+    prefix = models.SharedPrefix(
+        tokens=batch["prompt_tokens"].reshape(p * k, -1),
+        length=batch["prompt_length"].reshape(p * k),
+        of=batch["prompt_of"],
+    )
+    rest = (flat(batch["rest_tokens"]), flat(batch["rest_positions"]), flat(batch["rest_segments"]))
+    start = flat(batch["rest_start"])[:, None]
+    if "loss_index" in batch:  # into the rest: its token 0 is the prompt's last, so a loss
+        at = jnp.clip(flat(batch["loss_index"]) - start, 0, ts - 1)  # token sits at >= 1
+        logp, entropy, _ = models.shared_prefix_logprobs(cfg, params, prefix, *rest, at=at)
+        return logp, entropy
+    # every position: the rest's predictions (of its tokens 1..) laid back onto the row's T
+    logp, entropy, _ = models.shared_prefix_logprobs(cfg, params, prefix, *rest)
+    j = jnp.clip(jnp.arange(t, dtype=jnp.int32)[None, :] - start - 1, 0, ts - 2)
+    return jnp.take_along_axis(logp, j, 1), jnp.take_along_axis(entropy, j, 1)
 
 
 def objective_loss(

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from rcgrpo_jax import distributed, models
-from rcgrpo_jax.data.packing import loss_index
+from rcgrpo_jax.data.packing import loss_index, shared_prompts
 from rcgrpo_jax.envs import Environment, Episode, EpisodeSettings, prompts
 from rcgrpo_jax.envs.executor import CALL_TIMEOUT_S
 from rcgrpo_jax.envs.reward import ENV_ERROR, RewardResult
@@ -85,10 +85,12 @@ class Rollouts:
     def positions(self) -> np.ndarray:
         return np.broadcast_to(np.arange(self.tokens.shape[-1], dtype=np.int32), self.tokens.shape)
 
-    def batch(self, gather_head: bool = True) -> dict[str, np.ndarray]:
+    def batch(self, gather_head: bool = True, share_prompt: bool = True) -> dict[str, np.ndarray]:
         """The fused train step's inputs; with `gather_head`, the `loss_index` [P, G, K] of the
         sampled tokens (the loss applies the head there only): one K for all of these groups,
-        so every minibatch of the iteration's update has it."""
+        so every minibatch of the iteration's update has it. With `share_prompt`, also the
+        groups' shared-prompt layout (`data.packing.shared_prompts`): the loss then runs each
+        group's prompt through the model once, not once per rollout."""
         out = {
             "tokens": self.tokens,
             "positions": np.ascontiguousarray(self.positions),
@@ -100,6 +102,8 @@ class Rollouts:
         }
         if gather_head:
             out["loss_index"] = loss_index(self.loss_mask)
+        if share_prompt:
+            out.update(shared_prompts(self.tokens, self.segments, self.loss_mask))
         return out
 
     def conversations(self, rows: Sequence[int]) -> dict[int, list[dict[str, str]]]:

@@ -294,7 +294,8 @@ def train_batch(
     """The update's host batch: the trained groups laid out as P (the rest masked out,
     `group_mask`), with `rewards` (`update_rewards`), and the frozen reference's log-probs
     where the objective has a KL term."""
-    batch = {**generated.rollouts.batch(bool(ctx.config.model.gather_head)), "rewards": rewards}
+    layout = generated.rollouts.batch(bool(ctx.config.model.gather_head), bool(ctx.rl.share_prompt))
+    batch = {**layout, "rewards": rewards}
     batch = padded_batch(
         batch, generated.trained, ctx.num_prompts, ctx.minibatches, ctx.microbatches
     )
