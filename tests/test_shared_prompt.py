@@ -21,6 +21,7 @@ from rcgrpo_jax import models
 from rcgrpo_jax.data import packing
 from rcgrpo_jax.envs.reward_tokens import HIGH, LOW, NONE
 from rcgrpo_jax.rl.losses import Objective, policy_loss
+from rcgrpo_jax.rl.rollout import Rollouts
 from rcgrpo_jax.rl.train_step import make_rl_step, sequence_logprobs
 from rcgrpo_jax.shapes import piece_bucket
 from rcgrpo_jax.stages.rl import train_batch
@@ -248,8 +249,6 @@ def test_the_stage_builds_the_layout_its_config_names(share):
         positions=batch["positions"], old_logprobs=np.zeros((P, G, T), np.float32),
         rewards=np.zeros((P, G), np.float32), reward_token=batch["reward_token"],
     )  # fmt: skip
-    from rcgrpo_jax.rl.rollout import Rollouts
-
     fake.batch = types.MethodType(Rollouts.batch, fake)
     ctx = types.SimpleNamespace(
         config=types.SimpleNamespace(model=types.SimpleNamespace(gather_head=True)),
