@@ -277,7 +277,7 @@ def shared_prefix_logprobs(
     pre_segments = (pre_positions < prefix.length[:, None]).astype(jnp.int32)
     # the rows' queries sit at slots Tp.. over the keys [their prefix's Tp | their own Ts]
     slots = jnp.broadcast_to(tp + jnp.arange(ts, dtype=jnp.int32), (b, ts))
-    pick = jax.nn.one_hot(prefix.of, decoder.prefix_of_groups(n, prefix.of), dtype=jnp.int32)
+    pick = decoder.prefix_pick(n, prefix.of)
     kv_segments = jnp.concatenate([decoder.select_prefix(pre_segments, pick), segments], axis=1)
     masks = (
         decoder.self_attention_mask(cfg, pre_segments),
@@ -288,7 +288,7 @@ def shared_prefix_logprobs(
     )  # fmt: skip
     _, hidden = decoder.run_shared_prefix_layers(
         cfg, params["layers"], embed(prefix.tokens), embed(tokens), masks,
-        (pre_positions, positions), prefix.of,
+        (pre_positions, positions), pick,
     )  # fmt: skip
     hidden = decoder.final_norm(cfg, params, hidden)
     return _predictions(cfg, params, hidden, tokens, segments, at, chunk)

@@ -318,12 +318,12 @@ def run_shared_prefix_layers(
     rest: jax.Array,
     masks: tuple[attention.Mask, attention.Mask],
     positions: tuple[jax.Array, jax.Array],
-    prefix_of: jax.Array,
+    pick: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
     """The training stack over rows that share prefixes: prefix rows [N, Tp, E] and the rows
     that continue them, `rest` [B, Ts, E], in P groups: the N = P * K prefix rows are each
     group's K, the B = P * G rows each group's G (row-major), and row (i, j) continues its
-    group's prefix prefix_of[i, j] ([P, G], in [0, K)). In each layer the prefixes attend over
+    group's prefix k where pick[i, j, k] = 1 (`prefix_pick`). In each layer the prefixes attend over
     themselves, and each continuation over its prefix's keys and values (`select_prefix`) then
     its own: the values of the unshared stack over the concatenated rows, with each prefix
     computed once however many rows continue it (autodiff sums their gradients into it).
@@ -337,17 +337,16 @@ def run_shared_prefix_layers(
         xs, _ = decoder_layer(cfg, p, xs, positions[1], masks[1], shared, _after_prefix)
         return x, xs
 
-    k = prefix_of_groups(prefix.shape[0], prefix_of)
-    pick = jax.nn.one_hot(prefix_of, k, dtype=prefix.dtype)
     return stack_layers(cfg, layers, layer, (prefix, rest), positions, masks, pick)
 
 
-def prefix_of_groups(n: int, prefix_of: jax.Array) -> int:
-    """Prefixes per group (K) of `n` prefix rows [P * K] continued by rows `prefix_of` [P, G]."""
+def prefix_pick(n: int, prefix_of: jax.Array) -> jax.Array:
+    """One-hot [P, G, K] of which of its group's K prefixes each row (i, j) continues, for `n`
+    prefix rows [P * K] and `prefix_of` [P, G] in [0, K)."""
     p = prefix_of.shape[0]
     if prefix_of.ndim != 2 or n % p:
         raise ValueError(f"{n} prefix rows for prefix_of {prefix_of.shape}: expected [P, G], P | n")
-    return n // p
+    return jax.nn.one_hot(prefix_of, n // p, dtype=jnp.int32)
 
 
 def select_prefix(x: jax.Array, pick: jax.Array) -> jax.Array:

@@ -182,11 +182,11 @@ def policy_loss(
     if ADVANTAGES not in batch:
         batch = with_advantages(objective, batch)
     p, g, _ = batch["tokens"].shape
-    flat = lambda x: x.reshape(p * g, *x.shape[2:])
-    at = batch.get("loss_index")
     if "prompt_tokens" in batch:
         logp, entropy = _shared_prompt_logprobs(cfg, params, batch)
     else:
+        flat = lambda x: x.reshape(p * g, *x.shape[2:])
+        at = batch.get("loss_index")
         logp, entropy = logprobs_and_entropy(
             cfg, params, flat(batch["tokens"]), flat(batch["positions"]), flat(batch["segments"]),
             None if at is None else flat(at),
