@@ -290,5 +290,5 @@ def main() -> None:
 if __name__ == "__main__":
     from rcgrpo_jax import host_memory
 
-    host_memory.reexec([sys.executable, __file__, *sys.argv[1:]])  # huge pages: both sides
+    host_memory.reexec([sys.executable, __file__, *sys.argv[1:]])  # host malloc setting: both sides
     main()

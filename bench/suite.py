@@ -747,5 +747,5 @@ if __name__ == "__main__":
     sys.path.insert(0, str(HERE.parent))
     from rcgrpo_jax import host_memory
 
-    host_memory.reexec([sys.executable, __file__, *sys.argv[1:]])  # huge pages: both sides
+    host_memory.reexec([sys.executable, __file__, *sys.argv[1:]])  # host malloc setting: both sides
     sys.exit(main())
