@@ -37,5 +37,5 @@ def compile_step(step, state, batch, mesh) -> tuple[Any, Any, float, Any]:
     batch = shard_batch(batch, mesh)
     t0 = time.perf_counter()
     with use_mesh(mesh):
-        compiled = step.jitted.lower(state, batch).compile()
+        compiled = step.jitted.lower(state, None, batch).compile()
     return compiled, batch, time.perf_counter() - t0, compiled.memory_analysis()

@@ -118,7 +118,7 @@ def _program(what: str):
         holder["state"], m = step(holder["state"], batch)
         return m
 
-    run.hlo = lambda: step.jitted.lower(holder["state"], batch).compile().as_text()
+    run.hlo = lambda: step.jitted.lower(holder["state"], None, batch).compile().as_text()
     return run, "jit_step_fn", label
 
 

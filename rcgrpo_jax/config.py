@@ -66,6 +66,13 @@ def base_config() -> ml_collections.ConfigDict:
     # order; one program per (T, K).
     c.model.gather_head = True
     c.model.chat_format = "qwen"  # qwen | llama | python: how tool calls are written and parsed
+    # LoRA: rank 0 trains every weight; rank > 0 trains low-rank adapters on `targets` (any of
+    # q k v o gate up down) and the reward tokens' embedding rows, the base frozen. The export
+    # is merged (export/) and PEFT's adapter (export/adapter/). init: kaiming | gaussian (PEFT's).
+    c.model.lora = ml_collections.ConfigDict(
+        {"rank": 0, "alpha": 16.0, "targets": ("q", "k", "v", "o", "gate", "up", "down"),
+         "init": "kaiming"}
+    )  # fmt: skip
     # Architecture of a randomly initialised model (used only when hf_path is empty).
     c.model.arch = ml_collections.ConfigDict(
         {

@@ -165,6 +165,18 @@ def _families() -> tuple[str, ...]:
     return tuple(FAMILIES)
 
 
+def _lora_targets() -> tuple[str, ...]:
+    from rcgrpo_jax.models.config import LORA_TARGETS
+
+    return LORA_TARGETS
+
+
+def _lora_inits() -> tuple[str, ...]:
+    from rcgrpo_jax.models.config import LORA_INITS
+
+    return LORA_INITS
+
+
 def _attention() -> tuple[str, ...]:
     from rcgrpo_jax.models.config import ATTENTION_KINDS
 
@@ -228,6 +240,10 @@ RULES: dict[str, Rule] = {
     "model.scan_layers": boolean,
     "model.attention": lambda v: choice(_attention())(v),
     "model.chat_format": choice(CHAT_FORMATS),
+    "model.lora.rank": integer(0),
+    "model.lora.alpha": number(0.0, lo_open=True),
+    "model.lora.targets": subset(_lora_targets),
+    "model.lora.init": lambda v: choice(_lora_inits())(v),
     "model.arch.vocab_size": integer(1),
     "model.arch.hidden_size": integer(1),
     "model.arch.intermediate_size": integer(1),

@@ -377,3 +377,48 @@ def test_report_page_in_chromium(run_all):
         check_page(driver, Path(config.workdir), "rctp_rcgrpo")
     finally:
         driver.quit()
+
+
+def test_rctp_then_rcgrpo_under_lora_train_adapters_and_export_both_ways(run_all, tmp_path):
+    """RCTP, then RC-GRPO (1 iteration, then resumed to 2; coin rewards, so that groups carry
+    signal), with `model.lora.rank` on q and v, from the warm start's export: the checkpoints
+    hold the adapters and reward-token rows (and Adam's moments of them) only; each merged export
+    leaves every untargeted weight bit-identical to the model it started from; the PEFT adapter
+    (export/adapter) loads with `PeftModel.from_pretrained` on that model and computes the
+    merged export's logits."""
+    import orbax.checkpoint as ocp
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    lora = {"model.lora.rank": 4, "model.lora.targets": "('q','v')"}
+    warm = Path(run_all[0].workdir) / "warm_start" / "export"
+    rctp, rl = tmp_path / "rctp", tmp_path / "rl"
+    main(rctp, stage="rctp", **{"model.hf_path": str(warm), "train.checkpoint_every": 4}, **lora)
+    run = {"stage": "rcgrpo", "rl.init_from": str(rctp / "export"), "rl.eval_every": 0,
+           "rl.eval_points": 0, "env.module": "tests.forced_rewards", **lora}  # fmt: skip
+    main(rl, **run, **{"rl.steps": 1})
+    main(rl, **run, **{"rl.steps": 2})
+    assert json.loads((rl / "summary.json").read_text())["iterations"] == 2
+    assert any(m["applied_frac"] > 0 for m in read_jsonl(rl / "metrics.jsonl"))  # mixed groups
+
+    for workdir, step in ((rctp, 4), (rl, 1)):
+        meta = ocp.PyTreeCheckpointer().metadata(workdir / "checkpoints" / str(step) / "state")
+        leaves = jax.tree_util.tree_leaves_with_path(meta.item_metadata.tree)
+        params = {jax.tree_util.keystr(p) for p, _ in leaves}
+        params = {p for p in params if p.startswith("['params']")}
+        assert params and all("_lora']" in p or "['lora_tokens']" in p for p in params), params
+
+    tokens = torch.arange(3, 19)[None]
+    for start_dir, workdir in ((warm, rctp), (rctp / "export", rl)):
+        start = AutoModelForCausalLM.from_pretrained(str(start_dir)).eval()
+        merged = AutoModelForCausalLM.from_pretrained(str(workdir / "export")).eval()
+        before, after = start.state_dict(), merged.state_dict()
+        changed = {k for k in before if not torch.equal(before[k], after[k])}
+        trained = (".q_proj.", ".v_proj.", "embed_tokens", "lm_head")  # the head: the token rows
+        assert changed and all(any(t in k for t in trained) for k in changed), changed
+        adapter = PeftModel.from_pretrained(start, str(workdir / "export" / "adapter")).eval()
+        with torch.no_grad():
+            np.testing.assert_allclose(
+                adapter(tokens).logits.numpy(), merged(tokens).logits.numpy(), atol=1e-4
+            )

@@ -283,9 +283,7 @@ def shared_prefix_logprobs(
         decoder.self_attention_mask(cfg, pre_segments),
         attention.prepare(cfg, slots, segments, kv_segments, self_attn=False),
     )
-    embed = lambda x: sharding.constrain(
-        decoder.embed(cfg, params["embedding"], x), decoder.ACT
-    )  # fmt: skip
+    embed = lambda x: sharding.constrain(decoder.embed(cfg, params, x), decoder.ACT)
     _, hidden = decoder.run_shared_prefix_layers(
         cfg, params["layers"], embed(prefix.tokens), embed(tokens), masks,
         (pre_positions, positions), pick,

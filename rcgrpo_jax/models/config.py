@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,9 @@ ATTENTION_KINDS = ("auto", "dense", "flash", "splash", "cudnn")  # see models/at
 #     the parameter dtype before the decode loop (they are loop-invariant), so the sampler holds
 #     them whole anyway, in f32 (the planner's figures: docs/benchmarks.md, "TPU slices, planned").
 SAMPLER_WEIGHTS = ("tensor", "train")
+# The projections LoRA can adapt (`model.lora.targets`), by their short names.
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+LORA_INITS = ("kaiming", "gaussian")  # PEFT's default (`init_lora_weights=True`) | "gaussian"
 
 
 def known_fields(cls: type, d: Mapping[str, Any], what: str) -> dict[str, Any]:
@@ -39,6 +43,34 @@ class RopeScaling:
     low_freq_factor: float
     high_freq_factor: float
     original_max_position_embeddings: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+    """Low-rank adapters on the base's projections (PEFT's LoRA: y = x W + (x A) B * scale, with
+    A [in, rank] and B [rank, out], B = 0 at the start), plus the embedding rows of `token_ids`
+    (the reward tokens) trainable as whole rows (PEFT's `trainable_token_indices`); the rest of
+    the base is frozen."""
+
+    rank: int
+    alpha: float
+    targets: tuple[str, ...] = LORA_TARGETS
+    init: str = "kaiming"
+    token_ids: tuple[int, ...] = ()
+    rslora: bool = False  # scale alpha / sqrt(rank) (PEFT's `use_rslora`), else alpha / rank
+
+    def __post_init__(self) -> None:
+        if self.rank < 1:
+            raise ValueError(f"lora rank={self.rank} must be >= 1 (rank 0 is no LoRA: lora=None)")
+        bad = sorted(set(self.targets) - set(LORA_TARGETS))
+        if bad or not self.targets:
+            raise ValueError(f"lora targets {self.targets}: expected a subset of {LORA_TARGETS}")
+        if self.init not in LORA_INITS:
+            raise ValueError(f"lora init={self.init!r}; expected one of {LORA_INITS}")
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / (math.sqrt(self.rank) if self.rslora else self.rank)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +107,7 @@ class ModelConfig:
     # constant: the config is the jitted programs' static key, so a program compiled at one
     # block length is never reused at another.
     flash_block: int = 512
+    lora: LoraSpec | None = None  # None: every weight trains (full fine-tuning)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -103,6 +136,20 @@ class ModelConfig:
     def weight_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.param_dtype)
 
+    @property
+    def lora_rank(self) -> int:
+        """The "lora_rank" axis' size (`models.weights.DIMS`)."""
+        return self.lora.rank if self.lora else 0
+
+    @property
+    def lora_tokens(self) -> int:
+        """The "lora_tokens" axis' size: how many embedding rows train under LoRA."""
+        return len(self.lora.token_ids) if self.lora else 0
+
+    def base(self) -> ModelConfig:
+        """This model without adapters: what a merged checkpoint and the sampler's copy are."""
+        return dataclasses.replace(self, lora=None)
+
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
@@ -116,6 +163,11 @@ class ModelConfig:
         d = known_fields(cls, d, "model")
         if d.get("rope_scaling") is not None and not isinstance(d["rope_scaling"], RopeScaling):
             d["rope_scaling"] = RopeScaling(**dict(d["rope_scaling"]))
+        if d.get("lora") is not None and not isinstance(d["lora"], LoraSpec):
+            lora = dict(d["lora"])
+            lora["targets"] = tuple(lora.get("targets", LORA_TARGETS))
+            lora["token_ids"] = tuple(lora.get("token_ids", ()))
+            d["lora"] = LoraSpec(**lora)
         if isinstance(d.get("eos_token_id"), list):
             d["eos_token_id"] = tuple(d["eos_token_id"])
         return cls(**d)

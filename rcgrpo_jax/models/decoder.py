@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -73,8 +73,10 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     return scale.astype(x.dtype) * y.astype(x.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def dense(x: jax.Array, w: jax.Array, k: int = 1, out_dtype=None) -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def dense(
+    x: jax.Array, w: jax.Array, k: int = 1, out_dtype=None, frozen: bool = False
+) -> jax.Array:
     """x [..., K1..Kk] @ w [K1..Kk, N...] -> [..., N...]: every weight projection goes through here.
 
     The custom VJP only orders the weight gradient. dW contracts the token axes of X and dY, and
@@ -84,19 +86,25 @@ def dense(x: jax.Array, w: jax.Array, k: int = 1, out_dtype=None) -> jax.Array:
     is the one transposed: dW = dot(X, dY), or for a wide input (the down projection)
     dW = dot(dY, X)^T, whose final transpose is weight-sized. Same math, same dtypes as
     autodiff's.
+
+    `frozen`: `w` is a weight that does not train (LoRA's base): the backward computes no dW
+    (and keeps no X for it), rather than leaving the unused product to the compiler.
     """
-    return _dense_fwd(x, w, k, out_dtype)[0]
+    return _dense_fwd(x, w, k, out_dtype, frozen)[0]
 
 
-def _dense_fwd(x, w, k, out_dtype):
+def _dense_fwd(x, w, k, out_dtype, frozen):
     dims = ((tuple(range(x.ndim - k, x.ndim)), tuple(range(k))), ((), ()))
-    return jax.lax.dot_general(x, w, dims, preferred_element_type=out_dtype), (x, w)
+    y = jax.lax.dot_general(x, w, dims, preferred_element_type=out_dtype)
+    # frozen: an empty stand-in for X that keeps only its dtype
+    return y, (jnp.empty((0,), x.dtype) if frozen else x, w)
 
 
-def _dense_bwd(k, out_dtype, res, g):
+def _dense_bwd(k, out_dtype, frozen, res, g):
     del out_dtype
     x, w = res
-    lead, n_out = x.ndim - k, w.ndim - k
+    n_out = w.ndim - k
+    lead = g.ndim - n_out
     g = g.astype(x.dtype)
     g_x = jax.lax.dot_general(
         g,
@@ -104,6 +112,8 @@ def _dense_bwd(k, out_dtype, res, g):
         ((tuple(range(lead, lead + n_out)), tuple(range(k, k + n_out))), ((), ())),
         preferred_element_type=x.dtype,
     )
+    if frozen:
+        return g_x, None
     tokens = ((tuple(range(lead)), tuple(range(lead))), ((), ()))
     if x.size <= g.size:
         g_w = jax.lax.dot_general(x, g, tokens, preferred_element_type=w.dtype)
@@ -122,7 +132,7 @@ def project_qkv(
     """x [B, T, E] -> roped q [B, T, H, D] and k, v [B, T, KV, D]. The layer pieces read weights
     as `layer_weights` gives them (compute dtype, gathered), the head as `head_weights` does.
     Qwen3 (`Family.qk_norm`) RMS-normalises each head of q and k over head_dim before rope."""
-    q, k, v = dense(x, p["wq"]), dense(x, p["wk"]), dense(x, p["wv"])
+    q, k, v = (project(cfg, p, name, x) for name in ("wq", "wk", "wv"))
     if cfg.qkv_bias:
         q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
     if cfg.family_spec.qk_norm:
@@ -138,35 +148,69 @@ def project_qkv(
 
 
 def attention_out(cfg: ModelConfig, p: dict[str, jax.Array], out: jax.Array) -> jax.Array:
-    del cfg
-    return dense(out, p["wo"], 2)
+    return project(cfg, p, "wo", out, 2)
 
 
 def mlp(cfg: ModelConfig, p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
-    del cfg
-    hidden = jax.nn.silu(dense(x, p["w_gate"])) * dense(x, p["w_up"])
+    hidden = jax.nn.silu(project(cfg, p, "w_gate", x)) * project(cfg, p, "w_up", x)
     hidden = constrain(hidden, ("act_batch", "act_len", "act_mlp"))
-    return dense(hidden, p["w_down"])
+    return project(cfg, p, "w_down", hidden)
 
 
-def embed(cfg: ModelConfig, embedding: jax.Array, tokens: jax.Array) -> jax.Array:
-    return jnp.take(embedding, tokens, axis=0).astype(cfg.compute_dtype)
+def project(cfg: ModelConfig, p: Params, name: str, x: jax.Array, k: int = 1) -> jax.Array:
+    """x through the weight `p[name]` (its first `k` axes contracted), plus its LoRA adapter
+    where it has one: (x A) B * scale, PEFT's y = W x + B A x * scale. Under LoRA the base
+    weight is frozen (`dense`'s `frozen`)."""
+    y = dense(x, p[name], k, frozen=cfg.lora is not None)
+    adapter = p.get(f"{name}_lora")
+    if adapter is None:
+        return y
+    low = dense(x, adapter["a"], k) * jnp.asarray(cfg.lora.scale, x.dtype)
+    return y + dense(low, adapter["b"], 1)
 
 
-def lm_logits(cfg: ModelConfig, x: jax.Array, head: jax.Array) -> jax.Array:
+def embed(cfg: ModelConfig, params: Params, tokens: jax.Array) -> jax.Array:
+    """Token embeddings [B, T, E] in the compute dtype; under LoRA the trainable rows of
+    `LoraSpec.token_ids` (PEFT's trainable tokens) in place of the base's."""
+    x = jnp.take(params["embedding"], tokens, axis=0).astype(cfg.compute_dtype)
+    if cfg.lora_tokens:
+        rows = params["lora_tokens"]["embedding"].astype(cfg.compute_dtype)
+        for i, token in enumerate(cfg.lora.token_ids):
+            x = jnp.where((tokens == token)[..., None], rows[i], x)
+    return x
+
+
+class Head(NamedTuple):
+    """The output projection as the head reads it (`head_weights`): `w` [E, V], and under LoRA
+    the trainable columns [E, n] of `LoraSpec.token_ids` that replace w's (else None)."""
+
+    w: jax.Array
+    token_cols: jax.Array | None = None
+
+
+def lm_logits(cfg: ModelConfig, x: jax.Array, head: Head) -> jax.Array:
     """Final-normed hidden states [B, T, E] @ head [E, V] -> float32 logits [B, T, V]."""
-    del cfg
-    logits = dense(x, head, 1, jnp.float32)
+    logits = dense(x, head.w, 1, jnp.float32, frozen=cfg.lora is not None)
+    if head.token_cols is not None:
+        cols = dense(x, head.token_cols, 1, jnp.float32)
+        vocab = jax.lax.broadcasted_iota(jnp.int32, (logits.shape[-1],), 0)
+        for i, token in enumerate(cfg.lora.token_ids):
+            logits = jnp.where(vocab == token, cols[..., i : i + 1], logits)
     return constrain(logits, ("act_batch", "act_len", "act_vocab"))
 
 
-def head_weights(cfg: ModelConfig, params: Params) -> jax.Array:
+def head_weights(cfg: ModelConfig, params: Params) -> Head:
     """The output projection [E, V] as the head reads it: the embedding, transposed, when tied;
     in the compute dtype, gathered over the batch mesh axes (`layer_weights` says why: its
-    backward dX is the same mis-partitioned shape)."""
+    backward dX is the same mis-partitioned shape). Under LoRA with trainable token rows, their
+    columns too: the head's own (untied) or the embedding's rows (tied, as PEFT ties them)."""
     head = params["embedding"].T if cfg.tie_embeddings else params["lm_head"]
-    head = head.astype(cfg.compute_dtype)
-    return constrain(head, ("embed", "vocab"), replicate=BATCH_MESH_AXES)
+    head = constrain(head.astype(cfg.compute_dtype), ("embed", "vocab"), replicate=BATCH_MESH_AXES)
+    if not cfg.lora_tokens:
+        return Head(head)
+    tokens = params["lora_tokens"]
+    cols = tokens["embedding"].T if cfg.tie_embeddings else tokens["lm_head"]
+    return Head(head, cols.astype(cfg.compute_dtype))
 
 
 def final_norm(cfg: ModelConfig, params: Params, x: jax.Array) -> jax.Array:
@@ -372,7 +416,7 @@ def forward_hidden(
     """Embedding -> layers -> final norm: hidden states [B, T, E] (or [B, 1, E] at positions
     `logits_at` [B]) ready for the head, and the updated cache slots. Callers apply the head
     (`logits`, or `api.token_logprobs` in chunks) and build `mask` (`attention.prepare`)."""
-    x = constrain(embed(cfg, params["embedding"], tokens), ACT)
+    x = constrain(embed(cfg, params, tokens), ACT)
     x, slots = run_layers(cfg, params["layers"], x, positions, mask, slots, kv_write)
     if logits_at is not None:
         x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)

@@ -25,10 +25,10 @@ import safetensors
 import safetensors.numpy
 from jax.sharding import Mesh
 
-from rcgrpo_jax.models import api
+from rcgrpo_jax.models import api, lora
 from rcgrpo_jax.models.config import ModelConfig, RopeScaling
 from rcgrpo_jax.models.families import FAMILIES, qkv_bias_mismatch
-from rcgrpo_jax.models.weights import Weight, lookup, nest, weights
+from rcgrpo_jax.models.weights import Weight, base_weights, lookup, nest, weights
 
 
 class CheckpointError(ValueError):
@@ -266,8 +266,10 @@ def _write_safetensors(
 
 # ----------------------------------------------------------------------------- load / save
 
+ADAPTER_CONFIG = "adapter_config.json"  # a PEFT adapter directory (`models.peft_io`)
 
-def _hf_names(w: Weight, cfg: ModelConfig) -> list[str]:
+
+def hf_names(w: Weight, cfg: ModelConfig) -> list[str]:
     return [w.hf_name.format(i=i) for i in range(cfg.num_layers)] if w.per_layer else [w.hf_name]
 
 
@@ -277,14 +279,28 @@ def load_hf(
     mesh: Mesh | None = None,
     *,
     compute_dtype: Any = None,
+    base: str | os.PathLike | None = None,
+    merge: bool = True,
     **config_overrides: Any,
 ) -> tuple[ModelConfig, api.Params]:
     """Reads config.json + safetensors into (cfg, params), sharded over `mesh` when given.
 
     `dtype` is the parameter dtype; `compute_dtype` defaults to it (e.g. f32 params with bf16
     compute for training). Other ModelConfig fields (remat, ...) can be overridden by keyword.
+
+    A PEFT LoRA adapter directory (adapter_config.json, no config.json) loads on top of its base:
+    `base`, else the adapter's `base_model_name_or_path`. With `merge` the adapter is folded
+    into the base (the base config; what `save_hf` of the LoRA model writes), else the LoRA
+    config and the base's tree plus the adapter's leaves.
     """
     path = Path(path)
+    if (path / ADAPTER_CONFIG).is_file() and not (path / "config.json").exists():
+        from rcgrpo_jax.models import peft_io  # it reads the base through this function
+
+        return peft_io.load_adapter_dir(
+            path, base, merge, dtype=dtype, mesh=mesh, compute_dtype=compute_dtype,
+            **config_overrides,
+        )  # fmt: skip
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise CheckpointError(f"{path}: no config.json (is this a Hugging Face model directory?)")
@@ -303,7 +319,7 @@ def load_hf(
     device = jax.devices()[0]
     table = weights(cfg)
 
-    expected = {n for w in table for n in _hf_names(w, cfg)}
+    expected = {n for w in table for n in hf_names(w, cfg)}
     if cfg.tie_embeddings:
         expected.add("lm_head.weight")  # some tied exports carry it; it equals the embedding
     extra = sorted(
@@ -314,7 +330,7 @@ def load_hf(
 
     leaves = []
     for w in table:
-        names = _hf_names(w, cfg)
+        names = hf_names(w, cfg)
         for n in names:
             got = reader.info(n).shape
             want = to_hf(w, np.empty(w.shape(cfg), np.bool_)).shape
@@ -363,20 +379,22 @@ def save_hf(
     tokenizer: Any = None,
     max_shard_bytes: int = 5 * 2**30,
 ) -> None:
-    """Writes a directory that `transformers.AutoModelForCausalLM.from_pretrained` loads."""
+    """Writes a directory that `transformers.AutoModelForCausalLM.from_pretrained` loads. A LoRA
+    model is written merged (its adapters folded into the base on the host, one weight at a
+    time: `lora.merged_weight`); `lora.save_adapter` writes the adapter alone."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     out_dtype = np.dtype(jnp.dtype(dtype or cfg.param_dtype))
     if out_dtype not in _ST_NAMES:
         raise CheckpointError(f"cannot write dtype {out_dtype} to safetensors")
-    table = weights(cfg)
+    table = base_weights(cfg)
     tensors: list[tuple[str, tuple[int, ...], np.dtype]] = []
     source: dict[str, tuple[Weight, int | None]] = {}
     for w in table:
         leaf = lookup(params, w.path)
         layer_shape = leaf.shape[1:] if w.per_layer else leaf.shape
         shape = to_hf(w, np.empty(layer_shape, np.bool_)).shape
-        for i, n in enumerate(_hf_names(w, cfg)):
+        for i, n in enumerate(hf_names(w, cfg)):
             tensors.append((n, tuple(shape), out_dtype))
             source[n] = (w, i if w.per_layer else None)
 
@@ -387,7 +405,8 @@ def save_hf(
         w, i = source[name]
         if w.path not in cache:
             cache.clear()  # one of our (stacked) weights on the host at a time
-            cache[w.path] = np.asarray(jax.device_get(lookup(params, w.path)))
+            value = np.asarray(jax.device_get(lookup(params, w.path)))
+            cache[w.path] = lora.merged_weight(cfg, w, value, params, np)
         arr = cache[w.path] if i is None else cache[w.path][i]
         return to_hf(w, arr)
 
@@ -408,7 +427,7 @@ def save_hf(
         (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     elif (path / "model.safetensors.index.json").exists():
         (path / "model.safetensors.index.json").unlink()
-    hf = config_to_hf(cfg, dtype=jnp.dtype(out_dtype).name)
+    hf = config_to_hf(cfg.base(), dtype=jnp.dtype(out_dtype).name)
     (path / "config.json").write_text(json.dumps(hf, indent=2))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(path))

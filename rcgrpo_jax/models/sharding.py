@@ -28,6 +28,8 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("head_dim", None),
     ("mlp", "tensor"),
     ("norm", None),
+    ("lora_rank", None),  # LoRA's A and B are split like the rows they adapt, never over rank
+    ("lora_tokens", None),
     # activations
     ("act_batch", ("data", "fsdp")),
     ("act_len", None),

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 
 if TYPE_CHECKING:
     from rcgrpo_jax.models.config import ModelConfig
@@ -30,6 +31,8 @@ DIMS = {
     "kv_heads": "num_kv_heads",
     "head_dim": "head_dim",
     "mlp": "intermediate_size",
+    "lora_rank": "lora_rank",  # LoRA's inner dimension (`LoraSpec.rank`)
+    "lora_tokens": "lora_tokens",  # the embedding rows that train under LoRA (reward tokens)
 }
 Params = dict[str, Any]  # the param tree: nested dicts of arrays, keyed by `Weight.path`
 LAYER = "model.layers.{i}."  # transformers' per-layer name prefix; "{i}" is the layer index
@@ -54,6 +57,10 @@ class Weight:
     # True: the forward reads it in its stored (parameter) dtype, uncast; norm scales, which
     # `decoder.rms_norm` casts itself. False: cast to the compute dtype where it is used.
     stored_dtype: bool = False
+    # A LoRA row (`ModelConfig.lora`): an adapter or a trainable token row. It trains where the
+    # base is frozen, is kept in float32 whatever `param_dtype`, and a merged checkpoint folds it
+    # into the base (`models.lora.merge`); its `hf_name` is PEFT's key in an adapter file.
+    lora: bool = False
 
     @property
     def per_layer(self) -> bool:
@@ -73,6 +80,10 @@ class Weight:
     def full_axes(self) -> tuple[str, ...]:
         return (("layers",) if self.per_layer else ()) + self.axes
 
+    def dtype(self, cfg: ModelConfig) -> Any:
+        """The parameter dtype it is kept in."""
+        return jnp.float32 if self.lora else cfg.weight_dtype
+
 
 def _qkv_bias(cfg: ModelConfig) -> bool:
     return cfg.qkv_bias
@@ -84,6 +95,14 @@ def _untied(cfg: ModelConfig) -> bool:
 
 def _qk_norm(cfg: ModelConfig) -> bool:
     return cfg.family_spec.qk_norm
+
+
+def _token_rows(cfg: ModelConfig) -> bool:
+    return cfg.lora_tokens > 0
+
+
+def _token_cols(cfg: ModelConfig) -> bool:
+    return cfg.lora_tokens > 0 and not cfg.tie_embeddings
 
 
 _SAME1, _SAME2, _T2 = ((0,),), ((0,), (1,)), ((1,), (0,))
@@ -126,13 +145,92 @@ WEIGHTS: tuple[Weight, ...] = (
 )  # fmt: skip
 
 
+@dataclasses.dataclass(frozen=True)
+class LoraTarget:
+    """A projection LoRA can adapt: its short name (`LoraSpec.targets`), our weight's path, the
+    transformers module it is, and how many of its leading axes are its input."""
+
+    name: str
+    path: tuple[str, ...]
+    module: str
+    n_in: int
+
+
+LORA_TARGETS: tuple[LoraTarget, ...] = (
+    LoraTarget("q", (*_ATT, "wq"), "self_attn.q_proj", 1),
+    LoraTarget("k", (*_ATT, "wk"), "self_attn.k_proj", 1),
+    LoraTarget("v", (*_ATT, "wv"), "self_attn.v_proj", 1),
+    LoraTarget("o", (*_ATT, "wo"), "self_attn.o_proj", 2),
+    LoraTarget("gate", (*_MLP, "w_gate"), "mlp.gate_proj", 1),
+    LoraTarget("up", (*_MLP, "w_up"), "mlp.up_proj", 1),
+    LoraTarget("down", (*_MLP, "w_down"), "mlp.down_proj", 1),
+)
+PEFT_PREFIX = "base_model.model."  # PEFT's key prefix for a causal LM's modules
+
+
+def _targeted(name: str) -> Callable[[ModelConfig], bool]:
+    return lambda cfg: cfg.lora is not None and name in cfg.lora.targets
+
+
+def _lora_rows(t: LoraTarget) -> tuple[Weight, Weight]:
+    """A [in..., rank] and B [rank, out...] of one target: A has the adapted weight's input axes,
+    B its output axes, so both shard like the rows they adapt. In PEFT's file, torch Linear
+    layouts: lora_A [rank, in], lora_B [out, rank]."""
+    base = next(w for w in WEIGHTS if w.path == t.path)
+    n_out = len(base.axes) - t.n_in
+    name = PEFT_PREFIX + LAYER + t.module + ".lora_"
+    scope = (*t.path[:-1], f"{t.path[-1]}_lora")
+    a = Weight(
+        (*scope, "a"),
+        (*base.axes[: t.n_in], "lora_rank"),
+        "lora_a",
+        name + "A.weight",
+        ((t.n_in,), tuple(range(t.n_in))),
+        _targeted(t.name),
+        lora=True,
+    )
+    b = Weight(
+        (*scope, "b"),
+        ("lora_rank", *base.axes[t.n_in :]),
+        "zeros",
+        name + "B.weight",
+        (tuple(range(1, 1 + n_out)), (0,)),
+        _targeted(t.name),
+        lora=True,
+    )
+    return a, b  # fmt: skip
+
+
+# The trainable token rows (PEFT's `trainable_token_indices`: whole rows, not deltas, in spite
+# of PEFT's key name): the embedding's rows of `LoraSpec.token_ids` and, untied, the head's
+# columns of them. Initialised as copies of the base's ("copy", `models.lora.attach`).
+_TOKENS = "token_adapter.trainable_tokens_delta"
+LORA_WEIGHTS: tuple[Weight, ...] = (
+    *(w for t in LORA_TARGETS for w in _lora_rows(t)),
+    Weight(("lora_tokens", "embedding"), ("lora_tokens", "embed"), "copy",
+           f"{PEFT_PREFIX}model.embed_tokens.{_TOKENS}", _SAME2, _token_rows, lora=True),
+    Weight(("lora_tokens", "lm_head"), ("embed", "lora_tokens"), "copy",
+           f"{PEFT_PREFIX}lm_head.{_TOKENS}", _T2, _token_cols, lora=True),
+)  # fmt: skip
+
+
 def weights(cfg: ModelConfig) -> list[Weight]:
-    """The weights a model with this config has."""
+    """The weights a model with this config has, LoRA's rows (if any) after the base's."""
+    return [w for w in (*WEIGHTS, *LORA_WEIGHTS) if w.when(cfg)]
+
+
+def base_weights(cfg: ModelConfig) -> list[Weight]:
+    """The base model's weights: what a transformers checkpoint holds."""
     return [w for w in WEIGHTS if w.when(cfg)]
 
 
 def num_params(cfg: ModelConfig) -> int:
-    return sum(math.prod(w.full_shape(cfg)) for w in weights(cfg))
+    """The base model's parameter count (LoRA's rows: `num_lora_params`)."""
+    return sum(math.prod(w.full_shape(cfg)) for w in base_weights(cfg))
+
+
+def num_lora_params(cfg: ModelConfig) -> int:
+    return sum(math.prod(w.full_shape(cfg)) for w in weights(cfg) if w.lora)
 
 
 def nest(items: Iterable[tuple[tuple[str, ...], Any]]) -> Params:
@@ -165,7 +263,7 @@ def logical_axes(cfg: ModelConfig) -> Params:
 def shapes(cfg: ModelConfig) -> Params:
     """Abstract params: ShapeDtypeStruct leaves in the parameter dtype."""
     return nest(
-        (w.path, jax.ShapeDtypeStruct(w.full_shape(cfg), cfg.weight_dtype)) for w in weights(cfg)
+        (w.path, jax.ShapeDtypeStruct(w.full_shape(cfg), w.dtype(cfg))) for w in weights(cfg)
     )
 
 

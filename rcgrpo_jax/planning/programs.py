@@ -199,7 +199,7 @@ def compile_train(jitted, mesh, state, batch) -> Compiled:
 
     t0 = time.perf_counter()
     with use_mesh(mesh):
-        compiled = jitted.lower(state, batch).compile()
+        compiled = jitted.lower(state, None, batch).compile()  # no frozen base
     return Compiled("train", compiled, time.perf_counter() - t0)
 
 

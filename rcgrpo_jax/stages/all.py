@@ -279,6 +279,8 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         c.train.steps = int(config.train.warm_start_steps)
         # golden trajectories (or demonstrations) alone: no rollouts of the base model
         c.rctp.rollouts_per_entry = 0
+        if not config.model.hf_path:  # a random base is trained whole; LoRA adapts the result
+            c.model.lora.rank = 0
         s = _run_once(
             c, functools.partial(sft.run, name="warm_start"),
             f"{c.train.steps} steps on the golden trajectories",

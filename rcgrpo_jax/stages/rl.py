@@ -222,15 +222,17 @@ def _prepare(config: ml_collections.ConfigDict, algo: str) -> tuple[RunContext, 
     step_fn = make_rl_step(
         training.cfg, objective, training.optimizer, reward_token_draw=reward_token_draw,
         mesh=initial.mesh, shardings=training.shardings, grad_accum=training.optim.grad_accum,
-        schedule=training.schedule, key=training.optim,
+        schedule=training.schedule, key=training.optim, frozen=training.frozen,
     )  # fmt: skip
     settings = setup.rl_rollout_settings(config)
+    # the KL term's reference, the starting model: under LoRA that is the frozen base itself
+    reference = initial.params if training.frozen is None else training.frozen
     budget = rollout_budget(rl)
     ctx = RunContext(
         config=config, algo=algo, cfg=training.cfg, tokenizer=initial.tokenizer, mesh=initial.mesh,
         env=env, train_pool=train_pool, test_pool=test_pool, settings=settings,
         reward_token_draw=reward_token_draw, objective=objective, step_fn=step_fn,
-        ref_params=initial.params if objective.kl_beta > 0 else None, budget=budget,
+        ref_params=reference if objective.kl_beta > 0 else None, budget=budget,
         points=budget_points(budget, int(rl.eval_points)) if rl.eval_points else (),
         microbatches=training.optim.grad_accum,
     )  # fmt: skip
@@ -300,7 +302,7 @@ def train_batch(
         batch, generated.trained, ctx.num_prompts, ctx.minibatches, ctx.microbatches
     )
     if ctx.ref_params is not None:
-        batch["ref_logprobs"] = _ref_logprobs(ctx.cfg, ctx.ref_params, batch, ctx.mesh)
+        batch["ref_logprobs"] = _ref_logprobs(ctx.cfg.base(), ctx.ref_params, batch, ctx.mesh)
     return batch
 
 
@@ -450,7 +452,7 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
         # the start, under the same token as every later evaluation (once: a run killed before
         # its first checkpoint resumes at 0 with this record kept)
         if first == 0 and (rl.eval_every or ctx.points) and not records.started():
-            measured = evaluate(ctx, state.params)
+            measured = evaluate(ctx, training.policy(state))
             records.report.evaluation(0, 0, measured)
             records.write(0, {**measured.record, "rollouts": 0, "budget_point": 0})
         next_reward_tokens = None  # drawn by the last step; None: drawn on the host
@@ -458,7 +460,7 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
             if ctx.spent(total):
                 break
             generated = roll_out(
-                ctx, state.params, iteration, ctx.budget - total, next_reward_tokens
+                ctx, training.policy(state), iteration, ctx.budget - total, next_reward_tokens
             )
             update = train_on(ctx, state, generated, iteration)
             state, next_reward_tokens = update.state, update.next_reward_tokens
@@ -467,7 +469,7 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
             record = rl_report.iteration_record(update, generated, total)
             due = evaluation_due(ctx, done, before, total)
             if due is not None:
-                measured = evaluate(ctx, state.params, sampled=due.sampled)
+                measured = evaluate(ctx, training.policy(state), sampled=due.sampled)
                 records.report.evaluation(done, total, measured)
                 record.update(measured.record)
                 record["budget_point"] = due.budget_point
@@ -504,7 +506,7 @@ def finish(
             )
         stats = rl_report.run_stats(workdir, ctx.budget)
         line = rl_report.end_line(name, stats, total, ended, int(ctx.rl.steps), ctx.budget)
-    setup.finish(training, state.params, summary, line)
+    setup.finish(training, training.policy(state), summary, line)
     refresh_report(ctx.config)
     return summary
 

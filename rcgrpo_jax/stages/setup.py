@@ -157,6 +157,7 @@ class Start:
     cfg: ModelConfig
     params: Params
     span: Span | None = None
+    base_path: str = ""  # the HF directory the model came from ("" = a random init)
 
 
 def start(config: ml_collections.ConfigDict, init_from: str = "") -> Start:
@@ -170,7 +171,9 @@ def start(config: ml_collections.ConfigDict, init_from: str = "") -> Start:
     mesh = mesh_from_config(config)
     tokenizer = tokenizer_from_config(config, init_from)
     cfg, params = model_from_config(config, mesh, hf_path=init_from)
-    return Start(path, mesh, tokenizer, cfg, params, span)
+    base = init_from or config.model.hf_path
+    base = str(Path(base).resolve()) if base else ""
+    return Start(path, mesh, tokenizer, cfg, params, span, base)
 
 
 def with_reward_tokens(s: Start) -> Start:
@@ -199,10 +202,36 @@ class Training:
     state: TrainState
     data_state: dict[str, Any]
     span: Span | None = None  # since the stage's start
+    # Under LoRA (`cfg.lora`), the frozen base: the state's params are the adapters alone.
+    frozen: Params | None = None
+    base_path: str = ""  # the model the stage started from (a PEFT adapter's base)
 
     @property
     def export_dir(self) -> Path:
         return self.workdir / "export"
+
+    def policy(self, state: TrainState) -> Params:
+        """The whole param tree of `state`'s model (the adapters joined to the base)."""
+        from rcgrpo_jax.models import lora
+
+        return state.params if self.frozen is None else lora.join(state.params, self.frozen)
+
+
+def lora_spec(config: ml_collections.ConfigDict, tokenizer: Any):
+    """`model.lora` as a `LoraSpec` (None at rank 0), training the embedding rows of the reward
+    tokens the tokenizer has."""
+    from rcgrpo_jax.envs.reward_tokens import REWARD_TOKENS
+    from rcgrpo_jax.models import LoraSpec
+
+    m = config.model.lora
+    if int(m.rank) == 0:
+        return None
+    vocab = tokenizer.get_vocab()
+    ids = tuple(sorted(vocab[t] for t in REWARD_TOKENS.values() if t in vocab))
+    return LoraSpec(
+        rank=int(m.rank), alpha=float(m.alpha), targets=tuple(m.targets), init=str(m.init),
+        token_ids=ids,
+    )  # fmt: skip
 
 
 def training(
@@ -217,6 +246,7 @@ def training(
     keep_checkpoints); `total_steps` optimizer updates are the schedule's default length. A
     restored checkpoint's iterator position is set on `data_iter` (when given)."""
     from rcgrpo_jax import models
+    from rcgrpo_jax.models import lora
     from rcgrpo_jax.train.checkpoint import Checkpointer
     from rcgrpo_jax.train.loop import restore_or_init
     from rcgrpo_jax.train.optim import OptimConfig, make_optimizer, make_schedule
@@ -224,26 +254,55 @@ def training(
 
     optim = OptimConfig.from_dict(section.optim.to_dict(), default_total_steps=total_steps)
     optimizer = make_optimizer(optim)
-    psh = models.param_shardings(s.cfg, s.mesh)
-    shardings = state_shardings(optimizer, psh, s.mesh, s.params)
+    cfg, params, frozen = s.cfg, s.params, None
+    spec = lora_spec(config, s.tokenizer)
+    if spec is not None and not s.base_path:
+        raise UserError(
+            "model.lora.rank > 0 adapts a trained model (model.hf_path, rl.init_from); "
+            "a random init trains whole (model.lora.rank=0)"
+        )
+    if spec is not None:
+        cfg = s.cfg.replace(lora=spec)
+        params, frozen = lora.split(cfg, _with_lora(cfg, s.params, config.seed, s.mesh))
+    psh = lora.split(cfg, models.param_shardings(cfg, s.mesh))[0]
+    shardings = state_shardings(optimizer, psh, s.mesh, params)
     ckpt = Checkpointer(
         s.workdir / "checkpoints",
         save_every=int(section.checkpoint_every),
         keep=int(section.keep_checkpoints),
     )
-    target = abstract_train_state(optimizer, models.param_shapes(s.cfg), shardings)
+    shapes = lora.split(cfg, models.param_shapes(cfg))[0]
+    target = abstract_train_state(optimizer, shapes, shardings)
     fresh = lambda: init_train_state(
-        s.params, optimizer, config.seed, mesh=s.mesh, param_shardings=psh, key=optim.init_key()
+        params, optimizer, config.seed, mesh=s.mesh, param_shardings=psh, key=optim.init_key()
     )
     state, data_state = restore_or_init(ckpt, target, fresh, data_iter)
     return Training(
-        s.workdir, s.mesh, s.tokenizer, s.cfg, optim, optimizer, make_schedule(optim),
-        shardings, ckpt, state, data_state, s.span,
+        s.workdir, s.mesh, s.tokenizer, cfg, optim, optimizer, make_schedule(optim),
+        shardings, ckpt, state, data_state, s.span, frozen, s.base_path,
     )  # fmt: skip
 
 
+def _with_lora(cfg: ModelConfig, params: Params, seed: int, mesh) -> Params:
+    """The base's `params` with `cfg.lora`'s adapters added (`lora.init_lora`, from `seed`),
+    every leaf on its sharding. `params` are donated: the base is not held twice."""
+    import jax
+
+    from rcgrpo_jax import models
+    from rcgrpo_jax.models import lora
+
+    init = jax.jit(
+        lambda p, k: lora.init_lora(cfg, p, k),
+        out_shardings=models.param_shardings(cfg, mesh),
+        donate_argnums=0,
+    )
+    with models.use_mesh(mesh):
+        return init(params, jax.random.key(seed))
+
+
 def finish(t: Training, params: Any, summary: dict[str, Any], line: str = "") -> None:
-    """Exports `params` with the tokenizer as an HF directory (`t.export_dir`) and writes
+    """Exports `params` (`t.policy(state)`: under LoRA merged, and the adapter in
+    `export/adapter`) with the tokenizer as an HF directory (`t.export_dir`) and writes
     `summary` as `<workdir>/summary.json`, which marks the stage done, with the stage's wall
     and compile time (`time`) and the machine it ran on (`machine`); prints `line`, the
     stage's one end line, followed by that time.
@@ -256,6 +315,10 @@ def finish(t: Training, params: Any, summary: dict[str, Any], line: str = "") ->
     if distributed.is_main_process():
         with writing(t.export_dir):
             models.save_hf(t.export_dir, t.cfg, final, tokenizer=t.tokenizer)
+            if t.cfg.lora is not None:  # and the adapter alone, as PEFT reads it
+                adapter = t.export_dir / "adapter"
+                models.save_adapter(adapter, t.cfg, final, base_model=t.base_path)
+                t.tokenizer.save_pretrained(str(adapter))
         time = None if t.span is None else t.span.summary()
         if time is not None:
             summary = {**summary, "time": time}

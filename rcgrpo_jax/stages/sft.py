@@ -216,6 +216,7 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
     step_fn = make_train_step(
         make_sft_loss(cfg), t.optimizer, mesh=t.mesh, shardings=t.shardings,
         grad_accum=t.optim.grad_accum, schedule=t.schedule, key=("sft", cfg, t.optim),
+        frozen=t.frozen,
     )  # fmt: skip
     with MetricsWriter(
         workdir,
@@ -241,7 +242,7 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
     n_eval = int(config.rctp.eval_entries)
     if n_eval:
         heldout = setup.task_entries(config, "test")[:n_eval]
-        model = (cfg, state.params)
+        model = (cfg, t.policy(state))
         tokens = {"high": HIGH, "low": LOW} if rctp else {"none": None}
         measured = {
             name: measure_success(config, model, t.tokenizer, t.mesh, heldout, tok)
@@ -254,5 +255,5 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
             ", ".join(f"{k} {v:.1%}" for k, v in rates.items()) if rctp else f"{rates['none']:.1%}"
         )
         line = f"{name or stage}: held-out success {got} on {len(heldout)} entries"
-    setup.finish(t, state.params, summary, line)
+    setup.finish(t, t.policy(state), summary, line)
     return summary

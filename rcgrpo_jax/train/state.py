@@ -32,6 +32,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rcgrpo_jax.models import sharding as msharding
+from rcgrpo_jax.models.lora import join
 
 Batch = Mapping[str, Any]
 LossFn = Callable[[Any, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
@@ -275,6 +276,7 @@ def make_train_step(
     inputs: Mapping[str, Any] | None = None,
     prepare: Callable[[Batch], Batch] | None = None,
     key: Hashable | None = None,
+    frozen: Any = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """One jitted, sharded step: prepare → loss/grads (scan over microbatches) → skip-or-apply
     update.
@@ -295,13 +297,18 @@ def make_train_step(
     Steps made with an equal key, mesh, shardings, grad_accum and donation share one jitted
     function, so stages and arms with the same settings compile each shape once per process.
     None: a program of its own.
+
+    `frozen`: under LoRA, the base weights that do not train (`models.lora.split`): the state's
+    params are the adapters only, `loss_fn` gets the whole tree (`models.lora.join`), and the
+    base is an argument of the program (not donated, not differentiated), held by the step.
     """
 
-    def step_fn(state: TrainState, batch: Batch):
+    def step_fn(state: TrainState, frozen: Any, batch: Batch):
         key, sub = jax.random.split(jax.random.wrap_key_data(state.rng))
         if prepare is not None:
             batch = prepare(batch)
-        loss, grads, aux = _loss_and_grads(loss_fn, state.params, batch, sub, grad_accum)
+        loss_of = loss_fn if frozen is None else (lambda p, b, r: loss_fn(join(p, frozen), b, r))
+        loss, grads, aux = _loss_and_grads(loss_of, state.params, batch, sub, grad_accum)
         grad_norm = optax.global_norm(grads)
         ok = jnp.isfinite(loss) & _all_finite(grads) & (aux.get("signal_max", 1.0) > 0)
         updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
@@ -335,12 +342,14 @@ def make_train_step(
     program = None if key is None else (
         "step", key, prepare is None, outputs is None, schedule is None,
         tuple(sorted(inputs or ())), mesh, _tree_key(shardings), grad_accum, donate,
+        _tree_key(jax.tree.map(lambda x: x.sharding, frozen)),
     )  # fmt: skip
     jitted = _shared(
         program,
         lambda: jax.jit(
             step_fn,
-            in_shardings=(shardings, None),  # None: the batch keeps shard_batch's sharding
+            # None: the base and the batch keep their shardings (shard_batch's for the batch)
+            in_shardings=(shardings, None, None),
             out_shardings=(shardings, rep),
             donate_argnums=(0,) if donate else (),
         ),
@@ -351,7 +360,7 @@ def make_train_step(
         if not all(isinstance(v, jax.Array) for v in batch.values()):
             batch = shard_batch(batch, mesh)
         with msharding.use_mesh(mesh):
-            return jitted(state, {**batch, **extra})
+            return jitted(state, frozen, {**batch, **extra})
 
     step.jitted = jitted  # for lowering / cost inspection / compile-count checks
     return step
