@@ -34,7 +34,7 @@ class _Declare(nn.Module):
     def __call__(self, carry: None = None) -> tuple[None, None]:
         cfg, n = self.cfg, len(self.prefix)
         children: list[str] = []
-        for w in weights.weights(cfg):
+        for w in weights.base_weights(cfg):  # LoRA's rows: `lora.init_lora`
             if w.path[:n] != self.prefix:
                 continue
             if len(w.path) == n + 1:

@@ -28,8 +28,8 @@ of it; the jitted programs it runs are `core`'s, the bucket rules `rcgrpo_jax.sh
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -526,11 +526,7 @@ def generate(
         stops = stop_token_ids if per_row is None else [per_row[r] for r in part]
         return sess.decode_turn(max_new_tokens, stops)
 
-    if len(parts) == 1:
-        turns = [run(parts[0])]
-    else:
-        with concurrent.futures.ThreadPoolExecutor(len(parts)) as pool:
-            turns = list(pool.map(run, parts))
+    turns = [run(parts[0])] if len(parts) == 1 else _each_on_its_thread(run, parts)
     rows = [(turn, r - part.start) for turn, part in zip(turns, parts, strict=True) for r in part]
     return Generation(
         tokens=[t.tokens[r] for t, r in rows],
@@ -538,6 +534,30 @@ def generate(
         lengths=[len(t.tokens[r]) for t, r in rows],
         stopped=[t.stopped[r] for t, r in rows],
     )
+
+
+def _each_on_its_thread(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    """[fn(item) for item in items], each on a thread of its own, all started at once (a pool
+    may hand a worker that finished early the next item, and then two lanes run one after the
+    other); the first exception is raised once every thread has ended."""
+    results: list[Any] = [None] * len(items)
+    errors: list[BaseException | None] = [None] * len(items)
+
+    def target(i: int) -> None:
+        try:
+            results[i] = fn(items[i])
+        except BaseException as e:  # noqa: BLE001 (re-raised below, on the caller's thread)
+            errors[i] = e
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(len(items))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
 
 
 def generate_lanes(rows: int, mesh: Mesh | None, buckets: Buckets = Buckets()) -> int:  # noqa: B008
