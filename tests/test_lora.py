@@ -9,14 +9,13 @@ import copy
 import jax
 import jax.numpy as jnp
 import numpy as np
+import peft
 import pytest
+import torch
 from conftest import TINY_VOCAB, hf_model_names
 
 from rcgrpo_jax.models import api, decoder, hf_io, lora, peft_io, weights
 from rcgrpo_jax.models.config import LORA_TARGETS, LoraSpec
-
-torch = pytest.importorskip("torch")
-peft = pytest.importorskip("peft")
 
 TOKENS = np.random.default_rng(0).integers(0, TINY_VOCAB, (2, 12)).astype(np.int32)
 TOKEN_IDS = (5, 9)  # the "reward tokens" whose embedding rows train

@@ -30,7 +30,6 @@ def init_lora(cfg: ModelConfig, params: Params, key: jax.Array) -> Params:
     model computes exactly what the base does. Call inside a jit (or on host arrays)."""
     if cfg.lora is None:
         raise ValueError("init_lora needs a config with lora set")
-    out = jax.tree.map(lambda x: x, params)
     leaves = []
     for i, w in enumerate(x for x in weights.weights(cfg) if x.lora):
         shape = w.full_shape(cfg)
@@ -51,7 +50,7 @@ def init_lora(cfg: ModelConfig, params: Params, key: jax.Array) -> Params:
             ids = jnp.asarray(cfg.lora.token_ids, jnp.int32)
             leaf = params["lm_head"][:, ids].astype(jnp.float32)
         leaves.append((w.path, leaf))
-    return _merge_trees(out, weights.nest(leaves))
+    return _merge_trees(params, weights.nest(leaves))
 
 
 def _merge_trees(a: Params, b: Params) -> Params:
