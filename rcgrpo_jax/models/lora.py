@@ -1,5 +1,5 @@
 """LoRA (`ModelConfig.lora`): the adapters' init, the trainable/frozen split of the param tree
-and the merge into the base (PEFT's adapter files: `models.hf_io`).
+and the merge into the base (PEFT's adapter files: `models.peft_io`).
 
 The adapter rows are declared in `models.weights` beside the base's (`LORA_WEIGHTS`) and applied
 in the forward by `decoder.project`, `decoder.embed` and `decoder.lm_logits`; here is what
@@ -86,12 +86,15 @@ def merged_weight(
         return base
     dtype = base.dtype
     ids = np.asarray(cfg.lora.token_ids, np.int64)
-    if w.path == ("embedding",) and cfg.lora_tokens:
-        rows = xp.asarray(_get(params, ("lora_tokens", "embedding"), xp)).astype(dtype)
-        return base.at[ids].set(rows) if xp is jnp else _set(base, ids, rows, 0)
-    if w.path == ("lm_head",) and cfg.lora_tokens:
-        cols = xp.asarray(_get(params, ("lora_tokens", "lm_head"), xp)).astype(dtype)
-        return base.at[:, ids].set(cols) if xp is jnp else _set(base, ids, cols, 1)
+    # the token rows: the embedding's rows, the untied head's columns
+    at = {("embedding",): (ids,), ("lm_head",): (slice(None), ids)}.get(w.path)
+    if at is not None and cfg.lora_tokens:
+        values = xp.asarray(_get(params, ("lora_tokens", *w.path), xp)).astype(dtype)
+        if xp is jnp:
+            return base.at[at].set(values)
+        out = np.array(base, copy=True)
+        out[at] = values
+        return out
     target = next((t for t in LORA_TARGETS if t.path == w.path), None)
     if target is None or target.name not in cfg.lora.targets:
         return base
@@ -109,15 +112,6 @@ def merged_weight(
 def _get(params: Params, path: tuple[str, ...], xp: ModuleType) -> Any:
     leaf = weights.lookup(params, path)
     return np.asarray(jax.device_get(leaf)) if xp is np else leaf
-
-
-def _set(base: np.ndarray, ids: np.ndarray, values: np.ndarray, axis: int) -> np.ndarray:
-    out = np.array(base, copy=True)
-    if axis == 0:
-        out[ids] = values
-    else:
-        out[:, ids] = values
-    return out
 
 
 def merge(cfg: ModelConfig, params: Params) -> Params:
