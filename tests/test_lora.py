@@ -204,14 +204,17 @@ def test_an_unsupported_peft_adapter_is_one_clear_error(hf_models, tmp_path):
         hf_io.load_hf(tmp_path, base=base_dir)
 
 
-def test_the_train_step_trains_the_adapters_and_token_rows_only(hf_models):
+@pytest.mark.parametrize("base_dtype", ["float32", "bfloat16"])
+def test_the_train_step_trains_the_adapters_and_token_rows_only(base_dtype, hf_models):
     """The generic train step with `frozen`: the state (and Adam's moments) hold the adapters and
-    token rows only, the base comes out bit-identical, and the reward tokens' rows learn (their
-    targets' loss falls) while every other embedding row stays the base's."""
+    token rows only, in f32 whatever the base's dtype (a bf16 base stays bf16), the base comes
+    out bit-identical, and the reward tokens' rows learn (their targets' loss falls) while every
+    other embedding row stays the base's."""
     from rcgrpo_jax.models import sharding
     from rcgrpo_jax.train import losses, optim, state
 
-    cfg, params = hf_io.load_hf(hf_models["qwen2"][1])
+    cfg, params = hf_io.load_hf(hf_models["qwen2"][1], dtype=base_dtype)
+    assert cfg.param_dtype == base_dtype
     lcfg = cfg.replace(lora=LoraSpec(4, 8.0, ("q", "v", "down"), token_ids=TOKEN_IDS))
     trainable, frozen = lora.split(lcfg, lora.init_lora(lcfg, params, jax.random.key(0)))
     frozen_before = jax.tree.map(np.asarray, frozen)
@@ -239,6 +242,9 @@ def test_the_train_step_trains_the_adapters_and_token_rows_only(hf_models):
     moments = lambda x: hasattr(x, "mu")  # Adam's state: mu and nu, one leaf per param
     adam = [s for s in jax.tree.leaves(st.opt_state, is_leaf=moments) if moments(s)]
     assert adam and all(paths(s.mu) == paths(s.nu) == paths(trainable) for s in adam)
+    dtypes = lambda t: {str(x.dtype) for x in jax.tree.leaves(t)}
+    assert dtypes(frozen) == {base_dtype}
+    assert dtypes(st.params) == {"float32"} == set().union(*(dtypes((s.mu, s.nu)) for s in adam))
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, frozen), frozen_before)
     rows = np.asarray(st.params["lora_tokens"]["embedding"])
     assert not np.allclose(rows, np.asarray(params["embedding"])[list(TOKEN_IDS)])
@@ -247,3 +253,25 @@ def test_the_train_step_trains_the_adapters_and_token_rows_only(hf_models):
     np.testing.assert_array_equal(
         np.asarray(merged["embedding"])[others], np.asarray(params["embedding"])[others]
     )
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama"])
+def test_the_sampler_reads_merged_or_applies_the_adapters_the_same(name, hf_models):
+    """`mesh.sampler_weights`: "tensor"'s copy folds the adapters and token rows into the base
+    (`sampler_config` is the base's), "train" applies them on the fly; greedy tokens equal,
+    log-probs to f32 rounding, and neither equals the base's own (the adapters are used)."""
+    from rcgrpo_jax import models, sampling
+
+    base_cfg, base = hf_io.load_hf(hf_models[name][1])
+    cfg, params = _our_adapter(hf_models[name][1], LORA_TARGETS)
+    prompts = [list(TOKENS[0][:7]), list(TOKENS[1]), [int(TOKEN_IDS[0]), *TOKENS[0][:4]]]
+    out = {}
+    for layout in models.SAMPLER_WEIGHTS:
+        scfg = models.sampler_config(cfg, layout)
+        assert (scfg.lora is None) == (layout == "tensor")
+        sp = models.sampler_params(cfg, params, layout)
+        out[layout] = sampling.generate(scfg, sp, prompts, 10, lanes=1)
+    own = sampling.generate(base_cfg, base, prompts, 10, lanes=1)
+    assert out["tensor"].tokens == out["train"].tokens != own.tokens
+    for a, b in zip(out["tensor"].logprobs, out["train"].logprobs, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)

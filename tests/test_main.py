@@ -44,6 +44,10 @@ def run_main(*args: str) -> subprocess.CompletedProcess:
             "error: config.model.hf_path='/nonexistent/ckpt': expected an existing path",
         ),
         (["--config=configs/tiny.py", "--config.stage=nope"], "error: config.stage='nope'"),
+        (
+            ["--config=configs/tiny.py", "--config.stage=sft", "--config.model.lora.rank=4"],
+            "error: model.lora.rank > 0 adapts a trained model (model.hf_path, rl.init_from)",
+        ),
     ],
 )
 def test_bad_input_is_one_line(args, expected):

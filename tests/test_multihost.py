@@ -6,7 +6,8 @@ reward that varies, so updates are not no-ops). The 2-process run joins a localh
 (data 2, fsdp 4): params are FSDP-sharded inside a process, the train batch is split over the two
 processes (gradients all-reduced across them), the sampler's rows over all 8 devices. Checked:
 losses, rewards and the final exported params are equal, and each process ran the environment of
-exactly its own half of the rows.
+exactly its own half of the rows; with full fine-tuning and under LoRA (`model.lora.rank` 4 on
+every projection: the adapters train, the base is every program's frozen argument).
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def _make_init(root: Path) -> Path:
     return root / "init"
 
 
-def _launch(workdir: Path, init: Path, process_id: int, nproc: int, port: int):
+def _launch(workdir: Path, init: Path, process_id: int, nproc: int, port: int, lora_rank: int):
     env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = xla_flags(8 // nproc)  # the same compile flags in every process
     env["RCGRPO_TEST_ENV_LOG"] = str(workdir / f"env.p{process_id}.jsonl")
@@ -112,7 +113,7 @@ def _launch(workdir: Path, init: Path, process_id: int, nproc: int, port: int):
             JAX_NUM_PROCESSES=str(nproc),
             JAX_PROCESS_ID=str(process_id),
         )
-    args = [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+    args = [f"--config.{k}={v}" for k, v in {**OVERRIDES, "model.lora.rank": lora_rank}.items()]
     log = open(workdir.parent / f"{workdir.name}.p{process_id}.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "tests" / "multihost_worker.py"), "--config=configs/tiny.py",
@@ -122,8 +123,8 @@ def _launch(workdir: Path, init: Path, process_id: int, nproc: int, port: int):
     return proc, log
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+@pytest.fixture(scope="module", params=[0, 4], ids=["full", "lora"])
+def runs(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("multihost")
     init = _make_init(root)
     single, multi = root / "single", root / "multi"
@@ -131,9 +132,9 @@ def runs(tmp_path_factory):
     multi.mkdir()
     port = _free_port()
     procs = [
-        ("single", *_launch(single, init, 0, 1, port)),
-        ("multi p0", *_launch(multi, init, 0, 2, port)),
-        ("multi p1", *_launch(multi, init, 1, 2, port)),
+        ("single", *_launch(single, init, 0, 1, port, request.param)),
+        ("multi p0", *_launch(multi, init, 0, 2, port, request.param)),
+        ("multi p1", *_launch(multi, init, 1, 2, port, request.param)),
     ]
     deadline = time.monotonic() + TIMEOUT_S
     failed = []

@@ -164,7 +164,16 @@ def _tiny_cfg():
 
 @pytest.mark.parametrize(
     "name,chips,hosts",
-    [("v5p-16", 8, 2), ("v6e-16", 16, 4), ("v5e-32", 32, 8), ("v5litepod-8", 8, 2), ("v4-8", 4, 1)],
+    [
+        ("v5p-16", 8, 2),
+        ("v6e-16", 16, 2),
+        ("v5e-32", 32, 4),
+        ("v5litepod-8", 8, 1),
+        ("v4-8", 4, 1),
+        ("v6e-8", 8, 1),
+        ("h100-1", 1, 1),
+        ("h100-16", 16, 2),
+    ],
 )
 def test_topology_names(name, chips, hosts):
     t = parse_topology(name)
@@ -232,15 +241,15 @@ def test_a_bf16_sampler_is_planned_without_the_cpus_f32_weight_copies():
     f32_weights = flops.matmul_params(cfg) * 4 / 2**30  # the mesh is (1, 8, 1): per device
     assert row["temp_estimated"] and row["temp_gib"] < f32_weights / 8
     mesh = models.make_mesh((1, 8, 1), jax.devices()[:8])
-    params = programs.sampler_weights(cfg, mesh, _abstract_state(cfg, mesh, shape), "tensor")[0]
+    params = programs.sampler_weights(cfg, mesh, _train_program(cfg, mesh, shape), "tensor")[1]
     raw = programs.compile_sampler(cfg, mesh, shape, "decode", params, 0)
     assert programs.memory(raw)["temp"] / 2**30 > f32_weights  # every layer's f32 copy
 
 
-def _abstract_state(cfg, mesh, shape):
+def _train_program(cfg, mesh, shape):
     from rcgrpo_jax.rl.losses import Objective
 
-    return programs.train_setup(cfg, mesh, shape, Objective())[1]
+    return programs.train_setup(cfg, mesh, shape, Objective())
 
 
 def _rows(train=2.0, decode=0.01, prefill=0.1, sampler_rows=32):
@@ -294,8 +303,11 @@ def _fake_plan(fits):
     def plan_fn(config, topo, shape, programs, **kw):
         mesh = tuple(config.mesh.shape)
         calls.append((mesh, shape.grad_accum, shape.max_rows, programs))
-        return [{"program": p, "fits": fits(mesh, shape.grad_accum, shape.max_rows, p),
-                 "total_gib": 1.0, "hbm_gib": 16.0} for p in programs]  # fmt: skip
+        ok = {p: fits(mesh, shape.grad_accum, shape.max_rows, p) for p in programs}
+        # the larger the grad_accum, the nearer a train step is to fitting
+        frac = {p: 0.5 if ok[p] else 1.0 + 1.0 / shape.grad_accum for p in programs}
+        return [{"program": p, "fits": ok[p], "total_gib": 16.0 * frac[p], "hbm_gib": 16.0,
+                 "hbm_frac": frac[p]} for p in programs]  # fmt: skip
 
     return plan_fn, calls
 
@@ -327,8 +339,10 @@ def test_auto_mesh_takes_the_first_configuration_that_fits():
     assert (tuple(c.mesh.shape), c.rl.optim.grad_accum, c.rl.max_rows) == ((1, 8, 2), 4, 16)
 
     plan_fn, _ = _fake_plan(lambda *a: False)
-    with pytest.raises(UserError, match="no mesh of 16 v5e devices fits"):
+    with pytest.raises(UserError, match="no mesh of 16 v5e devices fits") as err:
         planning.choose(c, "v5e-16", shape, plan_fn=plan_fn)
+    # what came nearest: the train step at the largest grad_accum (one group per microbatch)
+    assert "closest: train 18.0 GiB of 16 per device at mesh 1x16x1, grad_accum 8" in str(err.value)
 
 
 def test_auto_mesh_on_devices_without_a_memory_limit():
@@ -423,3 +437,57 @@ def test_the_planner_fits_qwen7b_on_v6e_16_at_reduced_depth_a_chunk_of_rows_at_a
     assert cache <= decode["output_gib"] < 1.05 * cache
     assert plan["iteration"]["row_chunks"] == 4
     assert "4 row chunk(s)" in p.stdout
+
+
+def test_lora_is_planned_as_it_trains():
+    """`model.lora.rank` > 0: the train state holds the adapters and reward-token rows with
+    their AdamW moments (f32: 3 x 4 bytes each), the base (sharded as ever) is the step's
+    frozen argument; train FLOPs are 4·N + 6·N_lora per token (no base weight gradient); the
+    "tensor" sampler decodes merged weights (the base's FLOPs), "train" applies the adapters on
+    the fly (2·N_lora more per token)."""
+    c = _tiny()
+    c.model.arch.update(hidden_size=128, intermediate_size=256, vocab_size=512)
+    shape = planning.Shape(prompts=1, group=8, seq=64, prefill_chunk=32, decode_steps=4)
+    full_cfg = planning.model_config(c)
+    by_program = lambda: {r["program"]: r for r in planning.plan(
+        c, "v5e-8", shape, programs=("train", "decode"), devices=jax.devices()[:8])}  # fmt: skip
+    full = by_program()
+    c.model.lora.rank = 4
+    cfg = planning.model_config(c)
+    assert cfg.lora.rank == 4 and cfg.lora.token_ids == (510, 511)
+    n, n_lora = flops.matmul_params(cfg), flops.lora_matmul_params(cfg)
+    e, m, hd, kvd = 128, 256, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    assert n_lora == cfg.num_layers * 4 * (2 * (e + hd) + 2 * (e + kvd) + 3 * (e + m))
+    rows = {}
+    for layout in ("tensor", "train"):
+        c.mesh.sampler_weights = layout
+        rows[layout] = by_program()
+    train = rows["tensor"]["train"]
+    trainable = models.weights.num_lora_params(cfg)
+    assert train["lora_rank"] == 4
+    # f32 rows + 2 moments, A over fsdp with its base rows' input axis, B and token rows whole
+    assert trainable * 12 / 8 < train["state_gib"] * 2**30 < trainable * 12
+    assert train["frozen_gib"] * 2**30 == pytest.approx(full_cfg.num_params() * 4 / 8, rel=0.05)
+    assert train["state_gib"] < full["train"]["state_gib"] / 4
+    tokens = 8 * 64
+    attn = 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * 64 * tokens
+    assert train["model_tflop"] * 1e12 == pytest.approx((4 * n + 6 * n_lora) * tokens + attn)
+    assert rows["tensor"]["decode"]["model_tflop"] == full["decode"]["model_tflop"]
+    decode_lora = rows["train"]["decode"]["model_tflop"] - full["decode"]["model_tflop"]
+    assert decode_lora * 1e12 == pytest.approx(2 * n_lora * 8)  # 8 rows, one token each
+
+
+def test_the_head_is_planned_where_the_loss_reads():
+    """`Shape.loss_tokens` (the CLI's default under `model.gather_head`: the projected sampled
+    tokens): the train step gets a `loss_index` of that many positions per row, and with a wide
+    vocabulary its temporaries fall well below the whole-row head's."""
+    c = _tiny()
+    c.model.arch.update(vocab_size=16384)
+    shape = planning.Shape(prompts=1, group=8, seq=512)
+    whole = _train_row(c, shape)
+    gathered = _train_row(c, dataclasses.replace(shape, loss_tokens=40))
+    assert (whole["loss_tokens"], gathered["loss_tokens"]) == (0, 40)
+    mesh = models.make_mesh((1, 8, 1), jax.devices()[:8])
+    batch = programs.abstract_rl_batch(mesh, dataclasses.replace(shape, loss_tokens=40), False)
+    assert batch["loss_index"].shape == (1, 8, 64)  # length_bucket(40)
+    assert gathered["temp_gib"] < 0.5 * whole["temp_gib"]

@@ -74,3 +74,53 @@ def test_chunked_rollout_equals_one_batch_with_the_real_qwen_tokenizer(tokenizer
     model = tmp_path / "model"
     make_checkpoint("qwen2", tokenizer_root / "qwen2.5", model)
     check_chunking(tiny_config(tmp_path / "run", hf_path=str(model)), (4,))
+
+
+def test_rollout_in_lanes_equals_one_session(tmp_path, monkeypatch):
+    """On one CPU device the rollout splits its rows over one `Session` per core (`Lanes`): the
+    decode and append programs of the lanes run on threads of their own, the environment's steps
+    on the caller's thread (where the simulator's SIGALRM limit works), and the trajectories are
+    those of one session."""
+    import threading
+
+    import jax
+
+    from rcgrpo_jax import models, sampling
+    from rcgrpo_jax.rl import rollout
+
+    config = tiny_config(tmp_path)
+    s = setup.with_reward_tokens(setup.start(config))
+    mesh = models.make_mesh((1, 1, 1), jax.devices()[:1])
+    params = jax.device_put(
+        s.params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    )
+    env = setup.environment(config)
+    entries = list(env.tasks("train"))[:4]
+    tokens = np.array([[HIGH, LOW, HIGH, LOW]] * 4, np.int32)  # 16 rows: 2 lanes of batch_min
+    settings = RolloutSettings(
+        chat_format=config.model.chat_format, max_new_tokens=8, max_len=1024,
+        temperature=1.0, max_steps_per_turn=2,
+    )  # fmt: skip
+    decode_threads, env_threads = set(), set()
+    decode_turn, advance = sampling.Session.decode_turn, rollout._advance
+
+    def spy_decode(self, *args, **kwargs):
+        decode_threads.add(threading.get_ident())
+        return decode_turn(self, *args, **kwargs)
+
+    def spy_advance(*args, **kwargs):
+        env_threads.add(threading.get_ident())
+        return advance(*args, **kwargs)
+
+    monkeypatch.setattr(sampling.Session, "decode_turn", spy_decode)
+    monkeypatch.setattr(rollout, "_advance", spy_advance)
+    runs = {}
+    for cores in (1, 2):
+        monkeypatch.setattr(sampling.lanes.machine, "usable_cores", lambda cores=cores: cores)
+        decode_threads.clear()
+        runs[cores] = collect(s.cfg, params, s.tokenizer, env, entries, tokens, settings, seed=3,
+                              mesh=mesh)  # fmt: skip
+        assert len(decode_threads) == cores
+    assert env_threads == {threading.get_ident()}
+    assert runs[1].stats["assistant_steps"] > 16  # later turns: the append path ran in lanes
+    assert_same(runs[1], runs[2])

@@ -343,7 +343,7 @@ def test_generate_lanes_split_rows_over_threads(loaded, monkeypatch):
             assert (got.tokens, got.stopped, got.lengths) == (one.tokens, one.stopped, one.lengths)
             for a, b in zip(got.logprobs, one.logprobs, strict=True):
                 np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
-    cores = sampling.session.machine.usable_cores()
+    cores = sampling.lanes.machine.usable_cores()
     assert sampling.generate_lanes(10, None, BUCKETS) == min(cores, 10 // BUCKETS.batch_min)
     assert sampling.generate_lanes(3, None, BUCKETS) == 1
     assert sampling.generate_lanes(64, mesh1) == min(cores, 8)
@@ -437,3 +437,29 @@ def test_padding_rows_and_chunks_changes_no_number():
         assert small.tokens == default.tokens and small.sampled == default.sampled
         assert sum(small.sampled) >= 12
         np.testing.assert_allclose(small.logprobs, default.logprobs, rtol=0, atol=1e-6)
+
+
+def test_lanes_drive_several_sessions_as_one(loaded):
+    """`Lanes` numbers rows as one session does: a multi-turn round (decode, finish, append,
+    decode) over 3 lanes gives each row the trajectory one session gives it (tokens exactly,
+    log-probs to 1e-6), and a bad row is named by its own number, not a lane's."""
+    cfg, params = loaded["qwen2"]
+    prompts = _prompts(cfg.vocab_size, lens=(5, 17, 11, 6, 9, 3, 14, 8, 12, 4), seed=9)
+    kw = dict(temperature=1.0, seed=5, buckets=BUCKETS)
+    runs = {}
+    for lanes in (1, 3):
+        sess = sampling.Lanes(cfg, params, lanes=lanes, **kw)
+        sess.start(prompts, reserve=6)
+        sess.decode_turn({r: 3 + r % 4 for r in range(10)}, stop_token_ids={8: [1, 2]})
+        sess.finish([0, 7])
+        assert sess.live_rows == [1, 2, 3, 4, 5, 6, 8, 9] and sess.lanes == lanes
+        sess.append({r: [r + 1, r + 2] for r in (1, 5, 9)})
+        sess.decode_turn(4, rows=[1, 4, 9])
+        with pytest.raises(ValueError, match="row 7 is finished"):
+            sess.decode_turn(2, rows=[7])
+        with pytest.raises(KeyError, match="no live row 12"):
+            sess.append({12: [1]})
+        runs[lanes] = [sess.trajectory(r) for r in range(10)]
+    for a, b in zip(runs[1], runs[3], strict=True):
+        assert (a.tokens, a.sampled, a.prefill_tokens) == (b.tokens, b.sampled, b.prefill_tokens)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-6)

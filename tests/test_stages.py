@@ -385,7 +385,8 @@ def test_rctp_then_rcgrpo_under_lora_train_adapters_and_export_both_ways(run_all
     hold the adapters and reward-token rows (and Adam's moments of them) only; each merged export
     leaves every untargeted weight bit-identical to the model it started from; the PEFT adapter
     (export/adapter) loads with `PeftModel.from_pretrained` on that model and computes the
-    merged export's logits."""
+    merged export's logits; and `--config.stage=eval` on the adapter directory (loaded onto the
+    base its adapter_config.json names) scores what it does on the merged export."""
     import orbax.checkpoint as ocp
     import torch
     from peft import PeftModel
@@ -422,3 +423,11 @@ def test_rctp_then_rcgrpo_under_lora_train_adapters_and_export_both_ways(run_all
             np.testing.assert_allclose(
                 adapter(tokens).logits.numpy(), merged(tokens).logits.numpy(), atol=1e-4
             )
+    scores = {}
+    for name in ("export", "export/adapter"):
+        out = tmp_path / "eval" / name.replace("/", "_")
+        main(out, stage="eval", **{"model.hf_path": str(rl / name)})
+        (path,) = (out / "eval").glob("*/summary.json")
+        summary = json.loads(path.read_text())
+        scores[name] = (summary["num_entries"], summary["accuracy"], summary.get("kinds"))
+    assert scores["export"][0] > 0 and scores["export"] == scores["export/adapter"]

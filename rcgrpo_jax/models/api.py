@@ -111,26 +111,41 @@ def sampler_param_shardings(cfg: ModelConfig, mesh: Mesh) -> Params:
 
 @functools.cache
 def _sampler_copy(cfg: ModelConfig, mesh: Mesh | None):
-    table = _sampler_table(cfg)
+    from rcgrpo_jax.models import lora
+
+    base = cfg.base()
+    table = _sampler_table(base)
 
     def cast(params):
-        unstacked = _per_layer(cfg, params, lambda w, i: w[i])
+        if cfg.lora is not None:  # folded in once per copy: each step reads one weight
+            params = lora.merge(cfg, params)
+        unstacked = _per_layer(base, params, lambda w, i: w[i])
         return jax.tree.map(
-            lambda spec, w: w if spec.stored_dtype else w.astype(cfg.compute_dtype),
+            lambda spec, w: w if spec.stored_dtype else w.astype(base.compute_dtype),
             table, unstacked,
         )  # fmt: skip
 
-    out = None if mesh is None else sampler_param_shardings(cfg, mesh)
+    out = None if mesh is None else sampler_param_shardings(base, mesh)
     return jax.jit(cast, out_shardings=out)
 
 
-def sampler_params(cfg: ModelConfig, params: Params, layout: str = "tensor") -> Params:
-    """The weights a sampling session reads under `layout` (one of SAMPLER_WEIGHTS): `params`
-    themselves for "train"; for "tensor", a copy in the compute dtype laid out over the tensor
-    axis only, one tree per layer. Sampling from either gives the same values up to the
-    matmuls' partitioning."""
+def sampler_config(cfg: ModelConfig, layout: str = "tensor") -> ModelConfig:
+    """The model a sampling session runs under `layout`: "tensor"'s copy holds the base with
+    any LoRA adapters folded in (`cfg.base()`; the copy is made anyway, and each decode step
+    then reads one weight per projection), "train" reads the state's own tree and applies the
+    adapters on the fly (`cfg`; no second copy of the base)."""
     if layout not in SAMPLER_WEIGHTS:
         raise ValueError(f"sampler weights {layout!r}; expected one of {SAMPLER_WEIGHTS}")
+    return cfg.base() if layout == "tensor" else cfg
+
+
+def sampler_params(cfg: ModelConfig, params: Params, layout: str = "tensor") -> Params:
+    """The weights a sampling session reads under `layout` (one of SAMPLER_WEIGHTS), for the
+    model `sampler_config(cfg, layout)`: `params` themselves for "train"; for "tensor", a copy
+    in the compute dtype laid out over the tensor axis only, one tree per layer, adapters
+    merged. Sampling from either gives the same values up to the matmuls' partitioning (and,
+    under LoRA, the merge's rounding)."""
+    sampler_config(cfg, layout)  # checks the layout
     if layout == "train":
         return params
     mesh = params_mesh(params)

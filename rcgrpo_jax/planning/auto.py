@@ -76,6 +76,13 @@ def choose(config, topology: str | Topology, shape: Shape, plan_fn=None, **plan_
     topo = parse_topology(topology) if isinstance(topology, str) else topology
     cfg = model_config(config, int(plan_kw.get("extra_vocab", 0)), int(plan_kw.get("layers", 0)))
     tried = 0
+    closest: dict[str, Any] | None = None  # the failing row nearest to fitting, for the error
+
+    def note(row: dict[str, Any], mesh, ga: int) -> None:
+        nonlocal closest
+        if closest is None or row["hbm_frac"] < closest["hbm_frac"]:
+            closest = dict(row, tried_mesh=mesh, tried_grad_accum=ga)
+
     for mesh in mesh_candidates(topo.chips, cfg.num_kv_heads):
         c = config.copy_and_resolve_references()
         c.mesh.shape = mesh
@@ -87,6 +94,7 @@ def choose(config, topology: str | Topology, shape: Shape, plan_fn=None, **plan_
             if row["fits"]:
                 train = (ga, row)
                 break
+            note(row, mesh, ga)
         if train is None:
             continue
         all_rows = shape.prompts * shape.minibatches * shape.group
@@ -97,15 +105,27 @@ def choose(config, topology: str | Topology, shape: Shape, plan_fn=None, **plan_
             sampler = plan_fn(c, topo, chunked, programs=("decode", "prefill"), **plan_kw)
             if all(r["fits"] for r in sampler):
                 return Choice(mesh, train[0], max_rows, [train[1], *sampler], tried)
+            for r in sampler:
+                if not r["fits"]:
+                    note(r, mesh, train[0])
+    near = ""
+    if closest is not None and "total_gib" in closest:
+        near = (
+            f"; closest: {closest['program']} {closest['total_gib']:.1f} GiB of "
+            f"{closest['hbm_gib']:.0f} per device at mesh "
+            f"{'x'.join(map(str, closest['tried_mesh']))}, grad_accum "
+            f"{closest['tried_grad_accum']}"
+        )
     raise UserError(
         f"mesh.shape=auto: no mesh of {topo.chips} {topo.chip.name} devices fits every program "
-        f"(tried {tried} plans); plan one by hand: python -m rcgrpo_jax.tools.plan"
+        f"(tried {tried} plans{near}); plan one by hand: python -m rcgrpo_jax.tools.plan"
     )
 
 
 def device_topology(devices) -> Topology | None:
     """The devices as a planner topology: their chip's figures where the device kind names a
-    known TPU, with the memory limit the runtime reports; None where none is reported (CPU)."""
+    known TPU or GPU, with the memory limit the runtime reports; None where none is reported
+    (CPU)."""
     d = devices[0]
     stats = d.memory_stats() if hasattr(d, "memory_stats") else None
     limit = (stats or {}).get("bytes_limit")
@@ -114,14 +134,18 @@ def device_topology(devices) -> Topology | None:
     kind = str(getattr(d, "device_kind", d.platform)).lower()
     known = next((c for k, c in CHIPS.items() if k in kind.replace(" lite", "e").replace(" ", "")),
                  None)  # fmt: skip
+    backend = "gpu" if d.platform in ("gpu", "cuda", "rocm") else "tpu"
     chip = Chip(kind, int(limit), *(
-        (known.peak_flops, known.hbm_bandwidth) if known else (1e15, 1e12)), 1, 4)  # fmt: skip
+        (known.peak_flops, known.hbm_bandwidth) if known else (1e15, 1e12)), 1, 4,
+        backend=backend)  # fmt: skip
     return Topology(name=f"{len(devices)} x {kind}", chip=chip, chips=len(devices))
 
 
 def resolve_auto(config) -> str:
     """Sets `mesh.shape=auto`'s choice in `config` (mesh, rl.optim.grad_accum, rl.max_rows)
     for the devices present, by planning on them (`choose`); returns the line that says it.
+    The train step is planned with its head at every position (`Shape.loss_tokens` 0): an upper
+    bound of what `model.gather_head` computes, whose loss positions a run does not know yet.
     Devices that report no memory limit (CPU) get FSDP over all of them, nothing else changed."""
     import jax
 

@@ -1,16 +1,21 @@
-"""TPU chip specs and slice names, for the planner's fit check and roofline projections.
+"""Accelerator specs and slice names, for the planner's fit check and roofline projections.
 
 Values are Google Cloud's published per-chip figures (checked 2026-11 on docs.cloud.google.com):
 - v4:  https://cloud.google.com/tpu/docs/v4   275 TFLOP/s bf16, 32 GiB HBM2,  1200 GB/s
 - v5e: https://cloud.google.com/tpu/docs/v5e  197 TFLOP/s bf16, 16 GB HBM2,    819 GB/s
 - v5p: https://cloud.google.com/tpu/docs/v5p  459 TFLOP/s bf16, 95 GiB HBM2e, 2765 GB/s
 - v6e: https://cloud.google.com/tpu/docs/v6e  918 TFLOP/s bf16, 32 GB HBM,    1638 GB/s
+- h100: https://www.nvidia.com/en-us/data-center/h100/ (SXM) 989 TFLOP/s dense bf16, 80 GB HBM3,
+  3.35 TB/s. The card reports 79.6 GiB; JAX takes 75% of it unless told otherwise, so the
+  planner counts 75 GiB, what `XLA_PYTHON_CLIENT_MEM_FRACTION=0.94` lets it allocate.
 (v5p's page says 96 GiB is physical and 95 GiB is what JAX can allocate; we use the usable figure.
-v5e's "16 GB" and v6e's "32 GB" are taken as GiB, which is how JAX reports them.)
+v5e's "16 GB" and v6e's "32 GB" are taken as GiB, which is how JAX reports them. Both pages
+say 8 chips per host: v5e-8 and v6e-8 are one host, v5e-32 four; v4 and v5p hosts hold 4.)
 
 Slice names: the number after the dash counts TensorCores for v4 and v5p (two per chip, driven as
 one JAX device by megacore), and chips for v5e and v6e. So v5p-16 = 8 chips = 8 JAX devices,
-v6e-16 = 16 devices, v5e-32 = 32 devices. `v5litepod-N` is accepted as v5e-N.
+v6e-16 = 16 devices, v5e-32 = 32 devices. `v5litepod-N` is accepted as v5e-N. GPUs count
+cards: h100-1 is one H100, h100-8 one 8-GPU host.
 """
 
 from __future__ import annotations
@@ -28,14 +33,16 @@ class Chip:
     peak_flops: float  # dense bf16 FLOP/s per chip
     hbm_bandwidth: float  # bytes/s per chip
     cores_per_chip: int  # TensorCores per chip, as counted in the slice name
-    chips_per_host: int  # chips per TPU VM worker in multi-host slices
+    chips_per_host: int  # chips per TPU VM worker (GPUs per host) in multi-host slices
+    backend: str = "tpu"  # which attention kernels `model.attention=auto` picks there
 
 
 CHIPS: dict[str, Chip] = {
     "v4": Chip("v4", 32 * GiB, 275e12, 1200e9, 2, 4),
-    "v5e": Chip("v5e", 16 * GiB, 197e12, 819e9, 1, 4),
+    "v5e": Chip("v5e", 16 * GiB, 197e12, 819e9, 1, 8),
     "v5p": Chip("v5p", 95 * GiB, 459e12, 2765e9, 2, 4),
-    "v6e": Chip("v6e", 32 * GiB, 918e12, 1638e9, 1, 4),
+    "v6e": Chip("v6e", 32 * GiB, 918e12, 1638e9, 1, 8),
+    "h100": Chip("h100", 75 * GiB, 989e12, 3350e9, 1, 8, backend="gpu"),
 }
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e"}
 

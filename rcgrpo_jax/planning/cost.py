@@ -62,14 +62,17 @@ def hbm_traffic(
     only by the tensor axis (in param dtype; the bf16 cast is fused). train: weights × (2, or 3
     with full remat) + the optimizer's read/write of its state shard (2 × state bytes).
     decode/prefill: weights once + the device's share of the KV cache (all rollout rows, the
-    rollout's cache length). Activations ignored.
+    rollout's cache length). Activations ignored. `cfg` is the model the program runs (the
+    sampler's: `models.sampler_config`); under LoRA the state is the adapters' alone.
     """
     from rcgrpo_jax.models import flops
 
     tensor = mesh.shape["tensor"]
     # the sampler's "tensor" copy (mesh.sampler_weights) holds the weights in the compute dtype
     dtype = cfg.compute_dtype if program != "train" and layout == "tensor" else cfg.weight_dtype
-    w = flops.matmul_params(cfg) * _itemsize(dtype) / tensor
+    # adapters (f32) are read where the program applies them: training, and "train"'s sampler
+    adapters = flops.lora_matmul_params(cfg) * 4
+    w = (flops.matmul_params(cfg) * _itemsize(dtype) + adapters) / tensor
     if program == "train":
         passes = 3 if cfg.remat == "full" else 2
         return w * passes * shape.grad_accum + 2 * state_bytes

@@ -93,7 +93,7 @@ def plan(
     mesh_shape = resolve_mesh_shape(config.mesh.shape, topo.chips)
     mesh = models.make_mesh(mesh_shape, devices[: topo.chips])
     cfg = model_config(config, extra_vocab, layers)
-    kinds = planned_attention(cfg, shape.seq, shape.cache)
+    kinds = planned_attention(cfg, shape.seq, shape.cache, topo.chip.backend)
     cfg = cfg.replace(attention=kinds.compiled)
     sampler_cfg = cfg.replace(attention=kinds.sampler)
     if shape.prompts % shape.grad_accum:
@@ -102,11 +102,12 @@ def plan(
     objective = objective_from_config(config.rl)
     if kl_beta is not None:
         objective = dataclasses.replace(objective, kl_beta=float(kl_beta))
-    jitted, state, batch = train_setup(cfg, mesh, shape, objective)
-    compiled = [compile_train(jitted, mesh, state, batch)] if "train" in programs else []
-    state_bytes = device_bytes(state)
+    train = train_setup(cfg, mesh, shape, objective)
+    compiled = [compile_train(mesh, train)] if "train" in programs else []
+    state_bytes = device_bytes(train.state)
+    frozen_bytes = device_bytes(train.frozen or {})
     layout = str(config.mesh.sampler_weights)
-    sampler_params, resident = sampler_weights(sampler_cfg, mesh, state, layout)
+    sampler_cfg, sampler_params, resident = sampler_weights(sampler_cfg, mesh, train, layout)
     for prog in ("decode", "prefill"):
         if prog in programs:
             c = compile_sampler(sampler_cfg, mesh, shape, prog, sampler_params, resident)
@@ -134,11 +135,14 @@ def plan(
         "G": shape.group,
         "T": shape.seq,
         "grad_accum": shape.grad_accum,
+        "loss_tokens": shape.loss_tokens,
         "sampler_rows": sampler_batch(mesh, shape),
         "sampler_weights": layout,
         "cache": shape.cache,
         "hbm_gib": topo.chip.hbm_bytes / GiB,
         "state_gib": state_bytes / GiB,
+        "lora_rank": cfg.lora.rank if cfg.lora is not None else 0,
+        "frozen_gib": frozen_bytes / GiB,
     }
     for c in compiled:
         mem = memory(c)
@@ -146,9 +150,10 @@ def plan(
         if c.program == "train":
             flops = train_flops(cfg, shape, kinds.train)
         else:
-            f = sampler_flops(cfg, mesh, shape, c.program)
+            f = sampler_flops(sampler_cfg, mesh, shape, c.program)
             flops = (f, f)
-        traffic = hbm_traffic(cfg, mesh, shape, c.program, state_bytes, layout)
+        model = cfg if c.program == "train" else sampler_cfg
+        traffic = hbm_traffic(model, mesh, shape, c.program, state_bytes, layout)
         proj = project(flops, traffic, topo, assume)
         rows.append(
             dict(

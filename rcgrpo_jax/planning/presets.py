@@ -81,7 +81,8 @@ HF_PRESETS: dict[str, dict[str, Any]] = {
 def model_config(config, extra_vocab: int = 0, layers: int = 0):
     """ModelConfig for a run config: the checkpoint's config.json if present, else a preset named
     by the checkpoint directory, else `model.arch` (the random-init architecture); `layers` > 0
-    cuts its depth (a quick check of everything but the per-layer memory)."""
+    cuts its depth (a quick check of everything but the per-layer memory). With
+    `model.lora.rank` > 0 it carries the adapters (`LoraSpec`; only their shapes matter here)."""
     from rcgrpo_jax import models
 
     m = config.model
@@ -106,4 +107,12 @@ def model_config(config, extra_vocab: int = 0, layers: int = 0):
         cfg = models.ModelConfig.from_dict(dict(m.arch.to_dict(), **common))
     if layers:
         cfg = cfg.replace(num_layers=int(layers))
-    return cfg.replace(vocab_size=cfg.vocab_size + extra_vocab) if extra_vocab else cfg
+    if extra_vocab:
+        cfg = cfg.replace(vocab_size=cfg.vocab_size + extra_vocab)
+    if int(m.lora.rank) > 0:  # the two reward-token rows train: the vocabulary's last two
+        ids = (cfg.vocab_size - 2, cfg.vocab_size - 1)
+        cfg = cfg.replace(lora=models.LoraSpec(
+            rank=int(m.lora.rank), alpha=float(m.lora.alpha), targets=tuple(m.lora.targets),
+            init=str(m.lora.init), token_ids=ids,
+        ))  # fmt: skip
+    return cfg

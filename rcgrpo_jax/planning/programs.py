@@ -8,10 +8,10 @@
            (`shapes.cache_capacity(T)`);
 - prefill: the sampler's prefill program for one chunk (`Shape.prefill_chunk`) into that cache.
 
-The attention kernels are what `model.attention` picks on a TPU (`planned_attention`). Splash is
-a Pallas TPU kernel, which does not compile for the CPU, so a splash config's train step is
-compiled with `flash` in its place: the same O(T * block) memory (blockwise scores, output +
-log-sum-exp kept for the backward pass).
+The attention kernels are what `model.attention` picks on the planned chip, a TPU or a GPU
+(`planned_attention`). Splash (a Pallas TPU kernel) and cuDNN's fused attention do not compile
+for the CPU, so such a config's train step is compiled with `flash` in its place: the same
+O(T * block) memory (blockwise scores, output + log-sum-exp kept for the backward pass).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import dataclasses
 import time
 from typing import Any
 
-from rcgrpo_jax.shapes import Buckets, batch_capacity, cache_capacity
+from rcgrpo_jax.shapes import Buckets, batch_capacity, cache_capacity, length_bucket
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +33,9 @@ class Shape:
     decode_steps: int = 64  # tokens per decode call (Buckets.decode_steps); memory barely moves
     minibatches: int = 1  # train steps per rollout batch: the sampler rolls out all of them
     max_rows: int = 0  # rows the sampler holds at once (rl.max_rows); 0 = all of them
+    # positions per row the loss reads, where the head runs (`model.gather_head`: the sampled
+    # tokens, `loss_index`); 0 = the head at every position of the row
+    loss_tokens: int = 0
 
     @property
     def rollouts(self) -> int:
@@ -81,17 +84,21 @@ class PlannedAttention:
     sampler: str  # the sampler's cached attention at the full cache (dense | flash, both here)
 
 
-def planned_attention(cfg, seq: int, cache: int | None = None) -> PlannedAttention:
-    """`models.attention.resolve` on a TPU for the train step at T = `seq` and for the sampler's
-    cached attention over `cache` slots (default `seq`). Splash does not compile for the CPU, so
-    the train step is compiled as flash (see the module docstring)."""
+def planned_attention(
+    cfg, seq: int, cache: int | None = None, backend: str = "tpu"
+) -> PlannedAttention:
+    """`models.attention.resolve` on `backend` ("tpu" | "gpu") for the train step at T = `seq`
+    and for the sampler's cached attention over `cache` slots (default `seq`). Splash (a Pallas
+    TPU kernel) and cuDNN's do not compile for the CPU, so the train step is compiled as flash
+    (see the module docstring)."""
     from rcgrpo_jax.models import attention
 
-    kw = dict(backend="tpu", head_dim=cfg.head_dim, dtype=cfg.compute_dtype)
+    kw = dict(backend=backend, head_dim=cfg.head_dim, dtype=cfg.compute_dtype)
     train = attention.resolve(cfg.attention, self_attn=True, kv_len=seq, **kw)
     kv_len = seq if cache is None else cache
     sampler = attention.resolve(cfg.attention, self_attn=False, kv_len=kv_len, **kw)
-    return PlannedAttention(train, "flash" if train == "splash" else train, sampler)
+    compiled = "flash" if train in ("splash", "cudnn") else train
+    return PlannedAttention(train, compiled, sampler)
 
 
 # --------------------------------------------------------------------------- abstract inputs
@@ -104,7 +111,8 @@ def _sds(shape, dtype, sharding):
 
 
 def abstract_rl_batch(mesh, shape: Shape, with_ref: bool) -> dict[str, Any]:
-    """The [P, G, T] rollout batch `policy_loss` reads, sharded as `shard_batch` would."""
+    """The [P, G, T] rollout batch `policy_loss` reads (whole rows; with `loss_index` where
+    `shape.loss_tokens` is set), sharded as `shard_batch` would."""
     import jax.numpy as jnp
 
     from rcgrpo_jax.train.state import batch_sharding
@@ -121,6 +129,8 @@ def abstract_rl_batch(mesh, shape: Shape, with_ref: bool) -> dict[str, Any]:
     }
     if with_ref:
         spec["ref_logprobs"] = ((p, g, t), jnp.float32)
+    if shape.loss_tokens:  # as `data.packing.loss_index` buckets it
+        spec["loss_index"] = ((p, g, min(length_bucket(shape.loss_tokens), t)), jnp.int32)
     return {k: _sds(s, d, batch_sharding(mesh, s)) for k, (s, d) in spec.items()}
 
 
@@ -171,18 +181,36 @@ class Compiled:
     temp_bytes: int | None = None
 
 
-def train_setup(cfg, mesh, shape: Shape, objective):
-    """(jitted fused RL step for the `rl.losses.Objective`, abstract TrainState, abstract
-    batch); nothing is compiled."""
+@dataclasses.dataclass(frozen=True)
+class TrainProgram:
+    """The fused RL step to compile and its abstract inputs."""
+
+    jitted: Any
+    state: Any  # TrainState; under LoRA its params are the adapters and token rows alone
+    frozen: Any  # under LoRA the frozen base (an argument of the step, not donated), else None
+    batch: dict[str, Any]
+
+
+def train_setup(cfg, mesh, shape: Shape, objective) -> TrainProgram:
+    """The jitted fused RL step for the `rl.losses.Objective` and its abstract inputs (under
+    LoRA, `cfg.lora`, the state trains the adapters and the base is a separate argument, as
+    `stages.setup.training` runs it); nothing is compiled."""
+    import jax
+
     from rcgrpo_jax import models
+    from rcgrpo_jax.models import lora
     from rcgrpo_jax.rl.train_step import make_rl_step
     from rcgrpo_jax.train.optim import OptimConfig, make_optimizer
     from rcgrpo_jax.train.state import abstract_train_state, state_shardings
 
     optimizer = make_optimizer(OptimConfig(grad_accum=shape.grad_accum))
-    pshapes = models.param_shapes(cfg)
-    shardings = state_shardings(optimizer, models.param_shardings(cfg, mesh), mesh, pshapes)
+    pshapes, frozen_shapes = lora.split(cfg, models.param_shapes(cfg))
+    psh, frozen_sh = lora.split(cfg, models.param_shardings(cfg, mesh))
+    shardings = state_shardings(optimizer, psh, mesh, pshapes)
     state = abstract_train_state(optimizer, pshapes, shardings)
+    frozen = None
+    if cfg.lora is not None:
+        frozen = jax.tree.map(lambda s, sh: _sds(s.shape, s.dtype, sh), frozen_shapes, frozen_sh)
     step = make_rl_step(
         cfg,
         objective,
@@ -190,16 +218,18 @@ def train_setup(cfg, mesh, shape: Shape, objective):
         mesh=mesh,
         shardings=shardings,
         grad_accum=shape.grad_accum,
+        frozen=frozen,
     )
-    return step.jitted, state, abstract_rl_batch(mesh, shape, with_ref=objective.kl_beta > 0)
+    batch = abstract_rl_batch(mesh, shape, with_ref=objective.kl_beta > 0)
+    return TrainProgram(step.jitted, state, frozen, batch)
 
 
-def compile_train(jitted, mesh, state, batch) -> Compiled:
+def compile_train(mesh, program: TrainProgram) -> Compiled:
     from rcgrpo_jax.models.sharding import use_mesh
 
     t0 = time.perf_counter()
     with use_mesh(mesh):
-        compiled = jitted.lower(state, None, batch).compile()  # no frozen base
+        compiled = program.jitted.lower(program.state, program.frozen, program.batch).compile()
     return Compiled("train", compiled, time.perf_counter() - t0)
 
 
@@ -209,20 +239,26 @@ def sampler_batch(mesh, shape: Shape) -> int:
     return batch_capacity(shape.sampler_rows, mesh.shape["data"] * mesh.shape["fsdp"])
 
 
-def sampler_weights(cfg, mesh, state, layout: str) -> tuple[Any, int]:
-    """(abstract weights the sampler reads under `mesh.sampler_weights`, per-device bytes
-    that stay allocated beside it). "tensor": the compute-dtype copy over the tensor axis, next
-    to the whole training state; "train": the state's own params, next to its optimizer state."""
+def sampler_weights(cfg, mesh, train: TrainProgram, layout: str) -> tuple[Any, Any, int]:
+    """(the model the sampler runs, its abstract weights under `mesh.sampler_weights`, per-device
+    bytes that stay allocated beside it). "tensor": the compute-dtype copy over the tensor axis
+    (under LoRA with the adapters merged: `models.sampler_config`), next to the whole training
+    state and base; "train": the state's own params (joined with the base under LoRA, the
+    adapters applied on the fly), next to its optimizer state."""
     import jax
 
     from rcgrpo_jax import models
+    from rcgrpo_jax.models import lora
 
+    scfg = models.sampler_config(cfg, layout)
+    state = train.state
     if layout == "train":
-        return state.params, device_bytes(state.opt_state)
-    shapes = models.sampler_param_shapes(cfg)
-    shardings = models.sampler_param_shardings(cfg, mesh)
+        frozen = train.frozen if train.frozen is not None else {}
+        return scfg, lora.join(state.params, frozen), device_bytes(state.opt_state)
+    shapes = models.sampler_param_shapes(scfg)
+    shardings = models.sampler_param_shardings(scfg, mesh)
     params = jax.tree.map(lambda s, sh: _sds(s.shape, s.dtype, sh), shapes, shardings)
-    return params, device_bytes(state)
+    return scfg, params, device_bytes(state) + device_bytes(train.frozen or {})
 
 
 def compile_sampler(cfg, mesh, shape: Shape, program: str, params, resident: int) -> Compiled:

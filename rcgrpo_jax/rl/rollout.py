@@ -1,9 +1,11 @@
 """Multi-turn group rollouts: P prompts × G trajectories, each row with its own KV cache.
 
 Every trajectory is an `Episode` of the environment (text in, messages out) driven by one row of
-a sampler `Session`. After each assistant step, only the tokens that follow it (tool results, the
-next user message, the generation prompt) are appended to that row's cache; the sampled tokens
-stay exactly as sampled, so the training sequence is the sequence the policy conditioned on.
+a sampler `Lanes` (one `Session`, or on one CPU device one per core whose decode steps run side
+by side; the environment steps on the caller's thread). After each assistant step, only the
+tokens that follow it (tool results, the next user message, the generation prompt) are appended
+to that row's cache; the sampled tokens stay exactly as sampled, so the training sequence is the
+sequence the policy conditioned on.
 
 Multi-process (SPMD): the sampler is one program over the global mesh, driven by identical host
 control on every process; the environment is not. Each process creates, steps and scores only the
@@ -37,7 +39,7 @@ from rcgrpo_jax.envs.executor import CALL_TIMEOUT_S
 from rcgrpo_jax.envs.reward import ENV_ERROR, RewardResult
 from rcgrpo_jax.envs.reward_tokens import NONE
 from rcgrpo_jax.models import ModelConfig, Params
-from rcgrpo_jax.sampling import Session, Trajectory
+from rcgrpo_jax.sampling import Lanes, Trajectory
 from rcgrpo_jax.shapes import cache_capacity, length_bucket
 
 log = logging.getLogger(__name__)
@@ -180,6 +182,7 @@ def collect(
     )
     rows = _Rows(start, set(failed_at_start), episodes, errors, owner, entries, g, stops, eot)
     params = models.sampler_params(cfg, params, settings.sampler_weights)  # once for all chunks
+    cfg = models.sampler_config(cfg, settings.sampler_weights)  # LoRA: merged, or on the fly
     chunk = settings.max_rows or n
     sampled = Sampled()
     for lo in range(0, n, chunk):  # each chunk of rows with its own cache, released after it
@@ -232,12 +235,13 @@ class _Rows:
 def _sample(
     cfg, params, tokenizer, rows: _Rows, part: range, settings: RolloutSettings, seed, mesh
 ) -> Sampled:
-    """Rows `part` (global ids) to the end of their trajectories in one `Session` whose row r
-    is global row part.start + r (so each draws its own random stream, whatever the chunking)."""
+    """Rows `part` (global ids) to the end of their trajectories in one `Lanes` (one session per
+    core on one CPU device) whose row r is global row part.start + r (so each draws its own
+    random stream, whatever the chunking). The environment steps run here, between turns."""
     lo = part.start
     # Trajectories end below max_len (checked above), but a padded prefill chunk may write past a
     # row's last real token: the cache gets that much headroom (CapacityError otherwise).
-    session = Session(
+    session = Lanes(
         cfg, params, temperature=settings.temperature, top_p=settings.top_p,
         top_k=settings.top_k, seed=seed, mesh=mesh,
         max_len=cache_capacity(settings.max_len), first_row=lo,

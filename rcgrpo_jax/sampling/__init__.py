@@ -1,9 +1,9 @@
 """Sampler: jitted KV-cache generation for ragged batches, with multi-turn cache continuation.
 
-`generate` is the one-shot entry point (on one CPU device, its rows split into lanes);
-`Session` keeps each trajectory's cache alive across turns for multi-turn rollouts (see
-`session` for the driving loop); `core` holds the pure jitted programs over the `RolloutState`
-pytree.
+`generate` is the one-shot entry point; `Session` keeps each trajectory's cache alive across
+turns for multi-turn rollouts (see `session` for the driving loop); `Lanes` drives several
+sessions as one, their device work side by side (on one CPU device, one lane per core); `core`
+holds the pure jitted programs over the `RolloutState` pytree.
 """
 
 from rcgrpo_jax.sampling.core import (
@@ -13,21 +13,15 @@ from rcgrpo_jax.sampling.core import (
     state_logical_axes,
     state_shapes,
 )
-from rcgrpo_jax.sampling.session import (
-    CapacityError,
-    Generation,
-    Session,
-    Trajectory,
-    TurnOutput,
-    generate,
-    generate_lanes,
-)
+from rcgrpo_jax.sampling.lanes import Generation, Lanes, generate, generate_lanes
+from rcgrpo_jax.sampling.session import CapacityError, Session, Trajectory, TurnOutput
 from rcgrpo_jax.shapes import Buckets, batch_capacity, cache_capacity, length_bucket
 
 __all__ = [
     "Buckets",
     "CapacityError",
     "Generation",
+    "Lanes",
     "RolloutState",
     "SampleMode",
     "Session",

@@ -238,7 +238,7 @@ def _row_keys(base: jax.Array, traj: jax.Array, n_sampled: jax.Array) -> jax.Arr
 
 # XLA's default dot path on every backend: on CPU that is YNNPACK, the fastest at decode's small M
 # (`python bench/dot_paths.py`). A decode step is a chain of such GEMMs that keeps about one core
-# busy whatever the path, so `session.generate` splits a batch on one CPU device into lanes.
+# busy whatever the path, so on one CPU device a batch is split into lanes (`lanes.Lanes`).
 @functools.partial(
     jax.jit,
     static_argnums=(0, 1, 2),

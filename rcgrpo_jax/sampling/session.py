@@ -1,4 +1,4 @@
-"""Host side of the sampler: multi-turn rollout sessions and one-shot `generate`.
+"""Host side of the sampler: multi-turn rollout sessions (`lanes` splits a batch over several).
 
 A `Session` owns one `RolloutState` (the KV caches of a batch of trajectories) and drives the jitted
 programs of `core`. A multi-turn RL rollout loop uses it like this::
@@ -21,15 +21,14 @@ Rows that stop early inside a decode call are masked; between decode segments an
 only the rows involved are gathered into a smaller batch bucket when that bucket is smaller, so
 finished rows stop costing compute wherever the shapes allow.
 
-The module stays one file of ~600 lines because `Session` is one state machine (its rows,
-caches, slots and histories change together in every method) and `generate` is a thin driver
-of it; the jitted programs it runs are `core`'s, the bucket rules `rcgrpo_jax.shapes`'.
+The module stays one file of ~500 lines because `Session` is one state machine (its rows,
+caches, slots and histories change together in every method); the jitted programs it runs are
+`core`'s, the bucket rules `rcgrpo_jax.shapes`'.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -37,7 +36,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from rcgrpo_jax import distributed, machine, models
+from rcgrpo_jax import distributed, models
 from rcgrpo_jax.models.config import ModelConfig
 from rcgrpo_jax.sampling import core
 from rcgrpo_jax.shapes import (
@@ -85,17 +84,6 @@ class Trajectory:
     sampled: list[bool]
     logprobs: list[float]
     prefill_tokens: int
-
-
-@dataclasses.dataclass
-class Generation:
-    """Result of `generate`: per row, the new tokens (cut after the first stop token, kept),
-    their log-probs under the policy at temperature 1, lengths, and whether a stop token hit."""
-
-    tokens: list[list[int]]
-    logprobs: list[list[float]]
-    lengths: list[int]
-    stopped: list[bool]
 
 
 class Session:
@@ -378,10 +366,10 @@ class Session:
         return rows
 
     def _check_tokens(self, toks: Sequence[int], what: str) -> list[int]:
-        return _checked_ids(toks, self.cfg.vocab_size, what)
+        return checked_ids(toks, self.cfg.vocab_size, what)
 
     def _per_row_stops(self, stop_token_ids: StopIds, rows: Sequence[int]) -> dict[int, list[int]]:
-        per = _stops_per_row(stop_token_ids, len(self._hist))
+        per = stops_per_row(stop_token_ids, len(self._hist))
         return {
             r: self._check_tokens(
                 sorted(set(stop_token_ids if per is None else per[r])), f"stop set of row {r}"
@@ -469,113 +457,7 @@ class Session:
         self.stats["decode_row_steps"] += len(toks)
 
 
-def generate(
-    cfg: ModelConfig,
-    params: models.Params,
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    *,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    stop_token_ids: StopIds = (),
-    seed: int = 0,
-    mesh: Mesh | None = None,
-    buckets: Buckets = Buckets(),  # noqa: B008 (frozen dataclass)
-    lanes: int | None = None,
-) -> Generation:
-    """Samples up to `max_new_tokens` per prompt (ragged prompts, one jitted prefill + decode).
-
-    stop_token_ids: one set for all rows or one per row; a row stops after its first stop token,
-    which is kept. Log-probs are under the policy at temperature 1 (the RL "old log-probs").
-
-    `lanes`: sessions the rows are split over (evenly, contiguous), run side by side on worker
-    threads. Each row draws its own random stream, so the tokens are the same whatever the split
-    barring last-bit ties (a smaller batch may round a logit's last bit otherwise). None: one per
-    usable core with at least `batch_min` rows each on one CPU device (`generate_lanes`), else 1.
-    XLA:CPU runs one session's decode step, a chain of small GEMMs, on about one core; two
-    sessions keep two busy. The workers do not see the caller's thread-local JAX settings
-    (`jax.default_device` and the like): params and `mesh` decide where the programs run.
-    """
-    n = len(prompts)
-    if not n:
-        raise ValueError("no prompts")
-    if mesh is None:
-        mesh = models.params_mesh(params)
-    lanes = generate_lanes(n, mesh, buckets) if lanes is None else int(lanes)
-    if lanes < 1:
-        raise ValueError(f"lanes must be >= 1, got {lanes}")
-    if lanes > 1 and not _one_device(mesh):
-        raise ValueError("lanes > 1 needs a single-process run on one device")
-    # checked here, so that an error names the caller's rows and comes before any lane starts
-    for i, p in enumerate(prompts):
-        _checked_ids(p, cfg.vocab_size, f"prompt {i}")
-    per_row = _stops_per_row(stop_token_ids, n)
-    for i, st in enumerate([stop_token_ids] if per_row is None else per_row):
-        _checked_ids(st, cfg.vocab_size, "stop set" if per_row is None else f"stop set of row {i}")
-    lanes = min(lanes, n)
-    bounds = [n * i // lanes for i in range(lanes + 1)]  # even: sizes differ by at most 1
-    parts = [range(lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False)]
-
-    def run(part: range) -> TurnOutput:
-        sess = Session(
-            cfg, params, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-            mesh=mesh, buckets=buckets, first_row=part.start,
-        )  # fmt: skip
-        sess.start([prompts[r] for r in part], reserve=max_new_tokens)
-        stops = stop_token_ids if per_row is None else [per_row[r] for r in part]
-        return sess.decode_turn(max_new_tokens, stops)
-
-    turns = [run(parts[0])] if len(parts) == 1 else _each_on_its_thread(run, parts)
-    rows = [(turn, r - part.start) for turn, part in zip(turns, parts, strict=True) for r in part]
-    return Generation(
-        tokens=[t.tokens[r] for t, r in rows],
-        logprobs=[t.logprobs[r] for t, r in rows],
-        lengths=[len(t.tokens[r]) for t, r in rows],
-        stopped=[t.stopped[r] for t, r in rows],
-    )
-
-
-def _each_on_its_thread(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-    """[fn(item) for item in items], each on a thread of its own, all started at once (a pool
-    may hand a worker that finished early the next item, and then two lanes run one after the
-    other); the first exception is raised once every thread has ended."""
-    results: list[Any] = [None] * len(items)
-    errors: list[BaseException | None] = [None] * len(items)
-
-    def target(i: int) -> None:
-        try:
-            results[i] = fn(items[i])
-        except BaseException as e:  # noqa: BLE001 (re-raised below, on the caller's thread)
-            errors[i] = e
-
-    threads = [threading.Thread(target=target, args=(i,)) for i in range(len(items))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for e in errors:
-        if e is not None:
-            raise e
-    return results
-
-
-def generate_lanes(rows: int, mesh: Mesh | None, buckets: Buckets = Buckets()) -> int:  # noqa: B008
-    """`generate`'s default split: one lane per usable core, each of at least
-    `buckets.batch_min` rows (smaller lanes would be padded to it), on a single-process run on
-    one CPU device; 1 elsewhere (a mesh of several devices already spreads the rows)."""
-    if not _one_device(mesh) or jax.default_backend() != "cpu":
-        return 1
-    return max(1, min(machine.usable_cores(), rows // buckets.batch_min))
-
-
-def _one_device(mesh: Mesh | None) -> bool:
-    """Whether this is a single-process run on one device: the only place lanes may run, since
-    programs with collectives issued from several threads could deadlock."""
-    return (mesh is None or mesh.size == 1) and distributed.process_count() == 1
-
-
-def _checked_ids(toks: Sequence[int], vocab_size: int, what: str) -> list[int]:
+def checked_ids(toks: Sequence[int], vocab_size: int, what: str) -> list[int]:
     toks = [int(t) for t in toks]
     bad = [t for t in toks if not 0 <= t < vocab_size]
     if bad:
@@ -583,7 +465,7 @@ def _checked_ids(toks: Sequence[int], vocab_size: int, what: str) -> list[int]:
     return toks
 
 
-def _stops_per_row(stop_token_ids: StopIds, n: int) -> list[list[int]] | None:
+def stops_per_row(stop_token_ids: StopIds, n: int) -> list[list[int]] | None:
     """Per-row stop sets indexed by row, or None when one set serves every row."""
     if isinstance(stop_token_ids, Mapping):
         return [list(stop_token_ids.get(r, ())) for r in range(n)]
@@ -596,10 +478,9 @@ def _stops_per_row(stop_token_ids: StopIds, n: int) -> list[list[int]] | None:
 
 __all__ = [
     "CapacityError",
-    "Generation",
     "Session",
     "Trajectory",
     "TurnOutput",
-    "generate",
-    "generate_lanes",
+    "checked_ids",
+    "stops_per_row",
 ]

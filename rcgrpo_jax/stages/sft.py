@@ -60,7 +60,9 @@ def rollout_policy(config, model, tokenizer, mesh):
     from rcgrpo_jax.envs import bfcl
 
     cfg, params = model
-    params = models.sampler_params(cfg, params, str(config.mesh.sampler_weights))
+    layout = str(config.mesh.sampler_weights)
+    params = models.sampler_params(cfg, params, layout)
+    cfg = models.sampler_config(cfg, layout)
     stops, calls = stop_ids(tokenizer), itertools.count()
 
     def generate(batch: list[list[int]]) -> list[list[int]]:

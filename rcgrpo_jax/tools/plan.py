@@ -1,4 +1,4 @@
-"""AOT planner: will a config fit a TPU slice, and how fast could its steps run?
+"""AOT planner: will a config fit a TPU slice (or GPUs), and how fast could its steps run?
 
     python -m rcgrpo_jax.tools.plan --config=configs/qwen7b.py --topology=v5p-16 \\
         [--prompts=8 --group=8 --seq=16384 --grad_accum=4] [--config.mesh.shape=(1,4,2)] \\
@@ -7,18 +7,22 @@
 It plans what the config runs: P, G, T and grad_accum default to the config's RL update
 (`rl.num_prompts` / `rl.minibatches`, `rl.group_size`, `rl.max_len`, `rl.optim.grad_accum`; the
 flags override them), the prefill chunk to the sampler's `Buckets.chunk_max`, and the attention
-kernels to what `model.attention` picks on a TPU (`models.attention.resolve`, for the train step
-and for the sampler's cached attention). Splash is a Pallas TPU kernel, which does not compile for
-the CPU, so a splash config's train step is compiled with `flash` in its place: the same
-O(T * block) memory (blockwise scores, output + log-sum-exp kept for the backward pass); the
-output says so. Its FLOPs are counted for splash.
+kernels to what `model.attention` picks on the chip, a TPU or a GPU (`models.attention.resolve`,
+for the train step and for the sampler's cached attention). Under `model.lora.rank` > 0 the
+state trains the adapters and the base is the step's frozen argument. Splash (a Pallas TPU
+kernel) and cuDNN's attention do not compile for the CPU, so such a config's train step is
+compiled with `flash` in its place: the same O(T * block) memory (blockwise scores, output +
+log-sum-exp kept for the backward pass); the output says so. Its FLOPs are counted for the
+kernel planned.
 
 For a topology of N chips the planner runs on N virtual CPU devices (it re-executes itself with
 `XLA_FLAGS=--xla_force_host_platform_device_count=N`), builds the config's (data, fsdp, tensor)
 mesh and lowers + compiles, with abstract inputs only (ShapeDtypeStructs carrying NamedShardings;
 nothing is allocated):
 
-- train:   the fused RC-GRPO step (`rl.train_step.make_rl_step`) on a [P, G, T] rollout batch;
+- train:   the fused RC-GRPO step (`rl.train_step.make_rl_step`) on a [P, G, T] rollout batch
+           of whole rows, its head at the sampled positions only under `model.gather_head`
+           (the projected workload's decode tokens, `--loss_tokens` to set them);
 - decode:  the sampler's decode program (`sampling.core.decode`) over the rollout rows held at
            once (every row of an iteration, num_prompts·G = P·minibatches·G, or `rl.max_rows` of
            them; `sampling.batch_capacity`) at the cache length the rollout allocates
@@ -72,6 +76,12 @@ class Workload:
     updates: int  # fused train steps: rl.epochs x rl.minibatches
     iterations: int  # rl.steps
 
+    def decode_tokens(self, seq: int) -> int:
+        """Tokens a trajectory samples (the loss's positions): every round's full budget, at
+        most what T leaves after the prompt."""
+        prompt = min(self.prompt_tokens, seq - 1)
+        return min(self.rounds * self.new_tokens, seq - prompt)
+
 
 def assistant_steps(entry) -> int:
     """Assistant steps of an entry's golden trajectory: per turn, one per ground-truth step
@@ -114,7 +124,7 @@ def iteration(rows: Sequence[dict[str, Any]], shape: Shape, work: Workload) -> d
         raise ValueError(f"an iteration needs the {', '.join(missing)} program(s) planned too")
     chunk = min(shape.prefill_chunk, shape.seq)
     prompt = min(work.prompt_tokens, shape.seq - 1)
-    decode_tokens = min(work.rounds * work.new_tokens, shape.seq - prompt)
+    decode_tokens = work.decode_tokens(shape.seq)
     prefill_calls = -(-prompt // chunk) + work.rounds - 1
     chunks = -(-work.rows // by["decode"]["sampler_rows"])
     parts = {
@@ -193,7 +203,19 @@ def describe(rows: Sequence[dict[str, Any]], assume: Assumptions) -> str:
         [
             f"model {r['model']} ({r['params_b']:.2f}B params), {r['topology']} = {r['chips']} "
             f"{r['chip']} chips on {r['hosts']} hosts; batch P={r['P']} x G={r['G']} x "
-            f"T={r['T']}, grad_accum={r['grad_accum']}; train state {r['state_gib']:.2f} GiB/chip",
+            f"T={r['T']}, grad_accum={r['grad_accum']}"
+            + (
+                f", the head at {r['loss_tokens']} loss positions per row"
+                if r.get("loss_tokens")
+                else ", the head at every position"
+            )
+            + f"; train state {r['state_gib']:.2f} GiB/chip"
+            + (
+                f" (LoRA rank {r['lora_rank']}: adapters, token rows and their AdamW state; the "
+                f"frozen base {r['frozen_gib']:.2f} GiB/chip more)"
+                if r.get("lora_rank")
+                else ""
+            ),
             f"attention: {r['attention']}"
             + (
                 f", compiled here as {r['attention_compiled']} (Pallas TPU kernels do not compile "
@@ -213,8 +235,9 @@ def describe(rows: Sequence[dict[str, Any]], assume: Assumptions) -> str:
             ),
             f"fits: total <= {assume.headroom:.0%} of HBM. time: max(hw FLOPs / (chips x peak x "
             f"{assume.efficiency:.0%}), HBM bytes / bandwidth); ICI collectives not modelled",
-            "train FLOPs: 6*N*tokens + 12*L*H*D*T*tokens (+ remat recompute in hw); decode: "
-            "per token step of the rows held at once; prefill: one chunk of those rows",
+            "train FLOPs: 6*N*tokens + 12*L*H*D*T*tokens (+ remat recompute in hw; under LoRA "
+            "4*N + 6*N_lora for the weights: no base weight gradient); decode: per token step of "
+            "the rows held at once; prefill: one chunk of those rows",
         ]
     )
 
@@ -260,7 +283,9 @@ def _define_flags():
 
     config = config_flags.DEFINE_config_file("config", "configs/qwen7b.py", "Experiment config.")
     flags.DEFINE_string(
-        "topology", DEFAULT_TOPOLOGY, "TPU slice, e.g. v5p-16 (cores), v6e-16 (chips)."
+        "topology",
+        DEFAULT_TOPOLOGY,
+        "TPU slice, e.g. v5p-16 (cores), v6e-16 (chips); h100-1 (GPUs).",
     )
     flags.DEFINE_integer(
         "prompts", None, "P: prompts per train step (default: rl.num_prompts / rl.minibatches)."
@@ -278,6 +303,10 @@ def _define_flags():
     flags.DEFINE_integer("extra_vocab", 0, "Rows added to the vocabulary (reward tokens).")
     flags.DEFINE_integer("layers", 0, "Cut the model to this many layers (0 = all).")
     flags.DEFINE_integer("prompt_tokens", 4096, "Prompt tokens per trajectory (projection).")
+    flags.DEFINE_integer(
+        "loss_tokens", None, "Loss positions per row, where the head runs (0: every position; "
+        "default under model.gather_head: the tokens a trajectory samples, as projected)."
+    )  # fmt: skip
     flags.DEFINE_string("json", "", "Also write the rows as JSON to this file.")
     return config
 
@@ -300,6 +329,11 @@ def main(argv: Sequence[str]) -> int:
         grad_accum=f.grad_accum,
         prefill_chunk=f.prefill_chunk,
     )
+    work = workload_from_config(config, f.prompt_tokens)
+    if f.loss_tokens is not None:
+        shape = dataclasses.replace(shape, loss_tokens=f.loss_tokens)
+    elif config.model.gather_head:  # the head runs where the loss reads: the sampled tokens
+        shape = dataclasses.replace(shape, loss_tokens=work.decode_tokens(shape.seq))
     assume = Assumptions(efficiency=f.efficiency)
     kw = dict(assume=assume, kl_beta=f.kl_beta, extra_vocab=f.extra_vocab, layers=f.layers)
     out: dict[str, Any] = {}
@@ -315,7 +349,7 @@ def main(argv: Sequence[str]) -> int:
     print(describe(rows, assume))
     out["rows"] = rows
     if set(PROGRAMS) <= {r["program"] for r in rows}:
-        out["iteration"] = iteration(rows, shape, workload_from_config(config, f.prompt_tokens))
+        out["iteration"] = iteration(rows, shape, work)
         print(format_iteration(out["iteration"]))
     if f.json:
         Path(f.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
