@@ -296,25 +296,23 @@ def test_full_disk_inside_the_async_save_is_one_line(tmp_path):
     )
 
 
-def test_rcgrpo_under_lora_killed_mid_update_resumes_exactly(tmp_path):
-    """Under LoRA (`model.lora.rank`) from a trained base (a 1-step SFT export): killed in the
-    second iteration's second update and started again from the first one's checkpoint, the run
-    ends as an uninterrupted one does (logs, summary, merged export and the PEFT adapter)."""
+def test_rcgrpo_under_lora_killed_mid_update_resumes_exactly(reference, tmp_path):
+    """Under LoRA (`model.lora.rank`) from a trained base (the reference run's export): killed
+    in the second iteration's second update and started again from the first one's checkpoint,
+    the run ends as an uninterrupted one does (logs, summary, merged export, PEFT adapter)."""
     from safetensors.numpy import load_file
 
-    base = tmp_path / "base"
-    run(base, stage="sft", **{"train.steps": 1, "train.warm_start_steps": 0})
-    lora = {**RCGRPO, "rl.init_from": str(base / "export"), "model.lora.rank": 4,
+    lora = {**RCGRPO, "rl.init_from": str(reference / "export"), "model.lora.rank": 4,
             "rl.steps": 2, "rl.max_rollouts": 2 * ROUNDS * P * G, "rl.eval_every": 0}  # fmt: skip
-    reference, workdir = tmp_path / "reference", tmp_path / "run"
-    run(reference, **lora)
+    uninterrupted, workdir = tmp_path / "uninterrupted", tmp_path / "run"
+    run(uninterrupted, **lora)
     *_, last = run_killed_at(workdir, "update:6", **lora)  # 4 updates per iteration
     assert last == "update 2" and saved_steps(workdir) == [1]  # resumes from a LoRA checkpoint
-    assert assert_prefix_of(reference, workdir) == [1]
+    assert assert_prefix_of(uninterrupted, workdir) == [1]
     run(workdir, **lora)
-    assert_same_rl_run(reference, workdir)
+    assert_same_rl_run(uninterrupted, workdir)
     adapters = [load_file(d / "export" / "adapter" / "adapter_model.safetensors")
-                for d in (reference, workdir)]  # fmt: skip
+                for d in (uninterrupted, workdir)]  # fmt: skip
     assert adapters[0].keys() == adapters[1].keys() and adapters[0]
     for k in adapters[0]:
         np.testing.assert_array_equal(adapters[0][k], adapters[1][k])

@@ -304,8 +304,9 @@ def _fake_plan(fits):
         mesh = tuple(config.mesh.shape)
         calls.append((mesh, shape.grad_accum, shape.max_rows, programs))
         ok = {p: fits(mesh, shape.grad_accum, shape.max_rows, p) for p in programs}
-        # the larger the grad_accum, the nearer a train step is to fitting
-        frac = {p: 0.5 if ok[p] else 1.0 + 1.0 / shape.grad_accum for p in programs}
+        # the larger the grad_accum and the tensor axis, the nearer a train step is to fitting
+        near = 1.0 + 1.0 / shape.grad_accum - 0.01 * mesh[2]
+        frac = {p: 0.5 if ok[p] else near for p in programs}
         return [{"program": p, "fits": ok[p], "total_gib": 16.0 * frac[p], "hbm_gib": 16.0,
                  "hbm_frac": frac[p]} for p in programs]  # fmt: skip
 
@@ -341,8 +342,9 @@ def test_auto_mesh_takes_the_first_configuration_that_fits():
     plan_fn, _ = _fake_plan(lambda *a: False)
     with pytest.raises(UserError, match="no mesh of 16 v5e devices fits") as err:
         planning.choose(c, "v5e-16", shape, plan_fn=plan_fn)
-    # what came nearest: the train step at the largest grad_accum (one group per microbatch)
-    assert "closest: train 18.0 GiB of 16 per device at mesh 1x16x1, grad_accum 8" in str(err.value)
+    # what came nearest over every mesh tried: the last mesh's train step at the largest
+    # grad_accum (one group per microbatch)
+    assert "closest: train 17.4 GiB of 16 per device at mesh 1x4x4, grad_accum 8" in str(err.value)
 
 
 def test_auto_mesh_on_devices_without_a_memory_limit():
@@ -482,8 +484,8 @@ def test_the_head_is_planned_where_the_loss_reads():
     tokens): the train step gets a `loss_index` of that many positions per row, and with a wide
     vocabulary its temporaries fall well below the whole-row head's."""
     c = _tiny()
-    c.model.arch.update(vocab_size=16384)
-    shape = planning.Shape(prompts=1, group=8, seq=512)
+    c.model.arch.update(vocab_size=8192)
+    shape = planning.Shape(prompts=1, group=8, seq=256)
     whole = _train_row(c, shape)
     gathered = _train_row(c, dataclasses.replace(shape, loss_tokens=40))
     assert (whole["loss_tokens"], gathered["loss_tokens"]) == (0, 40)
@@ -491,3 +493,16 @@ def test_the_head_is_planned_where_the_loss_reads():
     batch = programs.abstract_rl_batch(mesh, dataclasses.replace(shape, loss_tokens=40), False)
     assert batch["loss_index"].shape == (1, 8, 64)  # length_bucket(40)
     assert gathered["temp_gib"] < 0.5 * whole["temp_gib"]
+
+
+def test_a_plan_that_cannot_fit_is_one_line(monkeypatch, capsys):
+    """`mesh.shape=auto` with no fitting mesh (or any bad input) ends the command with exit code
+    2 and one line on stderr, not a traceback."""
+
+    def no_mesh(argv):
+        raise UserError("mesh.shape=auto: no mesh of 1 h100 devices fits every program")
+
+    monkeypatch.setattr(cli, "_plan", no_mesh)
+    assert cli.main(["plan"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: mesh.shape=auto: no mesh of 1 h100 devices fits every program\n"

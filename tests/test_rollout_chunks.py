@@ -95,17 +95,20 @@ def test_rollout_in_lanes_equals_one_session(tmp_path, monkeypatch):
         s.params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     )
     env = setup.environment(config)
-    entries = list(env.tasks("train"))[:4]
-    tokens = np.array([[HIGH, LOW, HIGH, LOW]] * 4, np.int32)  # 16 rows: 2 lanes of batch_min
+    entries = list(env.tasks("train"))[:5]
+    # 20 rows: 2 lanes of >= batch_min; the even cut (row 10) falls inside the prompt of rows
+    # 8-10 (task 2 under the high token), so it moves to row 11 (the low token's prompt)
+    tokens = np.array([[HIGH, HIGH, HIGH, LOW]] * 5, np.int32)
     settings = RolloutSettings(
         chat_format=config.model.chat_format, max_new_tokens=8, max_len=1024,
         temperature=1.0, max_steps_per_turn=2,
     )  # fmt: skip
-    decode_threads, env_threads = set(), set()
+    decode_calls, env_threads = [], set()  # (on the caller's thread, session's first row)
     decode_turn, advance = sampling.Session.decode_turn, rollout._advance
 
     def spy_decode(self, *args, **kwargs):
-        decode_threads.add(threading.get_ident())
+        decode_calls.append((threading.current_thread() is threading.main_thread(),
+                             self._first_row))  # fmt: skip
         return decode_turn(self, *args, **kwargs)
 
     def spy_advance(*args, **kwargs):
@@ -117,10 +120,13 @@ def test_rollout_in_lanes_equals_one_session(tmp_path, monkeypatch):
     runs = {}
     for cores in (1, 2):
         monkeypatch.setattr(sampling.lanes.machine, "usable_cores", lambda cores=cores: cores)
-        decode_threads.clear()
+        decode_calls.clear()
         runs[cores] = collect(s.cfg, params, s.tokenizer, env, entries, tokens, settings, seed=3,
                               mesh=mesh)  # fmt: skip
-        assert len(decode_threads) == cores
+        lanes = {first for _, first in decode_calls}
+        assert lanes == ({0} if cores == 1 else {0, 11})  # the cut moved to a prompt's edge
+        first_turn = decode_calls[:cores]  # every lane live: each on a thread of its own
+        assert all(on_main == (cores == 1) for on_main, _ in first_turn)
     assert env_threads == {threading.get_ident()}
-    assert runs[1].stats["assistant_steps"] > 16  # later turns: the append path ran in lanes
+    assert runs[1].stats["assistant_steps"] > 20  # later turns: the append path ran in lanes
     assert_same(runs[1], runs[2])

@@ -459,7 +459,23 @@ def test_lanes_drive_several_sessions_as_one(loaded):
             sess.decode_turn(2, rows=[7])
         with pytest.raises(KeyError, match="no live row 12"):
             sess.append({12: [1]})
+        with pytest.raises(ValueError, match=r"^row 9: token ids \[-1\]"):  # before any lane
+            sess.append({1: [3], 9: [-1]})
+        with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
+            sess.decode_turn({1: 2, 9: -1}, rows=[1, 9])
         runs[lanes] = [sess.trajectory(r) for r in range(10)]
     for a, b in zip(runs[1], runs[3], strict=True):
         assert (a.tokens, a.sampled, a.prefill_tokens) == (b.tokens, b.sampled, b.prefill_tokens)
         np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-6)
+
+
+def test_lanes_cut_where_the_prompt_changes():
+    """With shared prompts a lane boundary moves to the nearest row where the prompt changes (a
+    group is prefilled in one lane whatever the core count); lanes left empty are dropped."""
+    groups = lambda *sizes: [[k + 1] for k, n in enumerate(sizes) for _ in range(n)]
+    split = sampling.lanes.split_points
+    assert split(groups(4, 4, 4, 4, 4), 2, True) == [0, 8, 20]  # 10 is inside a group: 8 or 12
+    assert split(groups(4, 4, 4, 4, 4), 2, False) == [0, 10, 20]
+    assert split(groups(8, 8), 3, True) == [0, 8, 16]  # 2 groups: 2 lanes
+    assert split(groups(16), 2, True) == [0, 16]  # one prompt: one lane
+    assert split(groups(1, 1, 1, 1, 1, 1), 3, True) == [0, 2, 4, 6]

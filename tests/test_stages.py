@@ -386,7 +386,7 @@ def test_rctp_then_rcgrpo_under_lora_train_adapters_and_export_both_ways(run_all
     leaves every untargeted weight bit-identical to the model it started from; the PEFT adapter
     (export/adapter) loads with `PeftModel.from_pretrained` on that model and computes the
     merged export's logits; and `--config.stage=eval` on the adapter directory (loaded onto the
-    base its adapter_config.json names) scores what it does on the merged export."""
+    base its adapter_config.json names) decodes and scores what the merged export does."""
     import orbax.checkpoint as ocp
     import torch
     from peft import PeftModel
@@ -429,5 +429,6 @@ def test_rctp_then_rcgrpo_under_lora_train_adapters_and_export_both_ways(run_all
         main(out, stage="eval", **{"model.hf_path": str(rl / name)})
         (path,) = (out / "eval").glob("*/summary.json")
         summary = json.loads(path.read_text())
-        scores[name] = (summary["num_entries"], summary["accuracy"], summary.get("kinds"))
+        entries = read_jsonl(path.parent / "entries.jsonl")  # each task's decoded turns
+        scores[name] = (summary["num_entries"], summary["accuracy"], entries)
     assert scores["export"][0] > 0 and scores["export"] == scores["export/adapter"]

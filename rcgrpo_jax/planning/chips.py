@@ -6,8 +6,8 @@ Values are Google Cloud's published per-chip figures (checked 2026-11 on docs.cl
 - v5p: https://cloud.google.com/tpu/docs/v5p  459 TFLOP/s bf16, 95 GiB HBM2e, 2765 GB/s
 - v6e: https://cloud.google.com/tpu/docs/v6e  918 TFLOP/s bf16, 32 GB HBM,    1638 GB/s
 - h100: https://www.nvidia.com/en-us/data-center/h100/ (SXM) 989 TFLOP/s dense bf16, 80 GB HBM3,
-  3.35 TB/s. The card reports 79.6 GiB; JAX takes 75% of it unless told otherwise, so the
-  planner counts 75 GiB, what `XLA_PYTHON_CLIENT_MEM_FRACTION=0.94` lets it allocate.
+  3.35 TB/s. The card reports 79.6 GiB; JAX takes 75% of it unless told otherwise: the planner
+  counts 75 GiB, within what `XLA_PYTHON_CLIENT_MEM_FRACTION=0.95` (75.6 GiB) lets it take.
 (v5p's page says 96 GiB is physical and 95 GiB is what JAX can allocate; we use the usable figure.
 v5e's "16 GB" and v6e's "32 GB" are taken as GiB, which is how JAX reports them. Both pages
 say 8 chips per host: v5e-8 and v6e-8 are one host, v5e-32 four; v4 and v5p hosts hold 4.)

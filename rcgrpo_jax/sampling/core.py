@@ -32,7 +32,7 @@ from rcgrpo_jax.sampling import forward
 from rcgrpo_jax.sampling.forward import Cache
 
 _TRACES: collections.Counter[str] = collections.Counter()
-_TRACES_LOCK = threading.Lock()  # `generate`'s lanes trace from several threads
+_TRACES_LOCK = threading.Lock()  # `lanes.Lanes` traces from several threads
 
 
 def compile_count(name: str | None = None) -> int:

@@ -37,7 +37,8 @@ from rcgrpo_jax.shapes import Buckets
 
 
 class Lanes:
-    """Rows 0..N-1 (numbered at `start`) split evenly, contiguously, over `lanes` sessions.
+    """Rows 0..N-1 (numbered at `start`) split contiguously over `lanes` sessions: evenly, each
+    cut moved to where the prompt changes when prompts are shared (`split_points`).
 
     `lanes`: None = one per usable core with at least `buckets.batch_min` rows each, on a
     single-process run on one CPU device (`generate_lanes`); more than one needs such a run,
@@ -100,9 +101,10 @@ class Lanes:
         # checked here, so that an error names the caller's row before any lane starts
         vocab = self.cfg.vocab_size
         prompts = [checked_ids(p, vocab, f"prompt {i}") for i, p in enumerate(prompts)]
+        if any(not p for p in prompts):
+            raise ValueError("every prompt needs at least one token")
         lanes = generate_lanes(n, self.mesh, self.buckets) if self._lanes is None else self._lanes
-        lanes = min(lanes, n)
-        bounds = [n * i // lanes for i in range(lanes + 1)]  # even: sizes differ by at most 1
+        bounds = split_points(prompts, min(lanes, n), share_prompts)
         self._n, self._starts = n, bounds[:-1]
         self._sessions = [self._new_session(lo) for lo in self._starts]
         parts = list(zip(self._sessions, bounds, bounds[1:], strict=False))
@@ -125,6 +127,10 @@ class Lanes:
         for i, st in self._stop_sets(stop_token_ids):
             what = "stop set" if i is None else f"stop set of row {i}"
             checked_ids(st, self.cfg.vocab_size, what)
+        each = isinstance(max_new_tokens, Mapping)
+        budgets = [max_new_tokens[r] for r in rows] if each else [max_new_tokens]
+        if any(int(b) < 0 for b in budgets):
+            raise ValueError("max_new_tokens must be >= 0")
         per_row = stops_per_row(stop_token_ids, self._n)
 
         def lane_turn(lane: int, local: list[int]) -> TurnOutput:
@@ -148,6 +154,8 @@ class Lanes:
     def append(self, row_tokens: Mapping[int, Sequence[int]]) -> None:
         """`Session.append`, every lane at once."""
         rows = self._check_rows(row_tokens.keys())
+        for r in rows:  # before any lane appends, naming the caller's row
+            checked_ids(row_tokens[r], self.cfg.vocab_size, f"row {r}")
         lo = self._starts
         self._per_lane(
             rows,
@@ -279,6 +287,25 @@ def each_on_its_thread(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[A
         if e is not None:
             raise e
     return results
+
+
+def split_points(prompts: Sequence[Sequence[int]], lanes: int, share_prompts: bool) -> list[int]:
+    """[0, ..., len(prompts)]: the first row of each lane, then the end. Even (sizes differ by
+    at most 1), except that with `share_prompts` each cut moves to the nearest row where the
+    prompt changes, so that a prompt shared by consecutive rows (GRPO's group) is prefilled in
+    one lane only, whatever the core count (one that recurs further on, in another lane, is
+    prefilled there again); lanes that would be left empty are dropped."""
+    n = len(prompts)
+    even = [n * i // lanes for i in range(1, lanes)]
+    if not share_prompts:
+        return [0, *even, n]
+    edges = [i for i in range(1, n) if prompts[i] != prompts[i - 1]]
+    cuts: list[int] = []
+    for c in even:
+        later = [e for e in edges if e > (cuts[-1] if cuts else 0)]
+        if later:
+            cuts.append(min(later, key=lambda e: (abs(e - c), e)))
+    return [0, *sorted(set(cuts)), n]
 
 
 def generate_lanes(rows: int, mesh: Mesh | None, buckets: Buckets = Buckets()) -> int:  # noqa: B008

@@ -218,8 +218,8 @@ def describe(rows: Sequence[dict[str, Any]], assume: Assumptions) -> str:
             ),
             f"attention: {r['attention']}"
             + (
-                f", compiled here as {r['attention_compiled']} (Pallas TPU kernels do not compile "
-                "for the CPU; same O(T x block) memory)"
+                f", compiled here as {r['attention_compiled']} (splash and cuDNN's kernels do not "
+                "compile for the CPU; same O(T x block) memory)"
                 if r["attention_compiled"] != r["attention"]
                 else ""
             )
@@ -312,6 +312,16 @@ def _define_flags():
 
 
 def main(argv: Sequence[str]) -> int:
+    from rcgrpo_jax.errors import UserError
+
+    try:
+        return _plan(argv)
+    except UserError as e:  # e.g. mesh.shape=auto finds no mesh: one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _plan(argv: Sequence[str]) -> int:
     from absl import flags, logging
 
     logging.set_verbosity(logging.WARNING)
@@ -337,7 +347,8 @@ def main(argv: Sequence[str]) -> int:
     assume = Assumptions(efficiency=f.efficiency)
     kw = dict(assume=assume, kl_beta=f.kl_beta, extra_vocab=f.extra_vocab, layers=f.layers)
     out: dict[str, Any] = {}
-    if is_auto(config.mesh.shape):
+    if is_auto(config.mesh.shape):  # as a run's start-up chooses: the head at every position
+        shape = dataclasses.replace(shape, loss_tokens=0)
         choice = choose(config, f.topology, shape, **kw)
         print(choice.line(f.topology))
         rows = choice.rows
