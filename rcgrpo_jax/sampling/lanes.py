@@ -124,14 +124,15 @@ class Lanes:
     ) -> TurnOutput:
         """`Session.decode_turn` over the rows (default: all live), every lane at once."""
         rows = self._check_rows(self.live_rows if rows is None else rows)
-        for i, st in self._stop_sets(stop_token_ids):
+        per_row = stops_per_row(stop_token_ids, self._n)
+        # checked before any lane runs, naming the caller's rows
+        for i, st in [(None, stop_token_ids)] if per_row is None else enumerate(per_row):
             what = "stop set" if i is None else f"stop set of row {i}"
             checked_ids(st, self.cfg.vocab_size, what)
         each = isinstance(max_new_tokens, Mapping)
         budgets = [max_new_tokens[r] for r in rows] if each else [max_new_tokens]
         if any(int(b) < 0 for b in budgets):
             raise ValueError("max_new_tokens must be >= 0")
-        per_row = stops_per_row(stop_token_ids, self._n)
 
         def lane_turn(lane: int, local: list[int]) -> TurnOutput:
             lo = self._starts[lane]
@@ -205,11 +206,6 @@ class Lanes:
                     f"no live row {r}"
                 ))  # fmt: skip
         return rows
-
-    def _stop_sets(self, stop_token_ids: StopIds) -> list[tuple[int | None, Sequence[int]]]:
-        """(row or None for the shared set, stop set) pairs, to check before any lane runs."""
-        per = stops_per_row(stop_token_ids, self._n)
-        return [(None, stop_token_ids)] if per is None else list(enumerate(per))
 
 
 @dataclasses.dataclass
