@@ -8,8 +8,8 @@ random model's real rewards are all 0, and dynamic sampling would keep nothing a
 A kill is SIGKILL at a chosen point of what the run did (tests/kill_points.py: an update, a saved
 checkpoint, an evaluation), not of the clock; the same command is then run again, and its logs,
 summary and exported weights must equal an uninterrupted run's, up to the wall-clock fields.
-Stage `all` killed inside a middle arm is in test_stages.py, which owns the uninterrupted `all`
-run (it uses `run_killed_at` below).
+Stage `all` killed inside a middle arm, and RC-GRPO under LoRA killed mid-update, are in
+test_stages.py, which owns the uninterrupted runs (they use `run_killed_at` below).
 """
 
 from __future__ import annotations
@@ -294,25 +294,3 @@ def test_full_disk_inside_the_async_save_is_one_line(tmp_path):
         lines[0]
         == f"error: cannot write checkpoints in {mount}/checkpoints: No space left on device"
     )
-
-
-def test_rcgrpo_under_lora_killed_mid_update_resumes_exactly(reference, tmp_path):
-    """Under LoRA (`model.lora.rank`) from a trained base (the reference run's export): killed
-    in the second iteration's second update and started again from the first one's checkpoint,
-    the run ends as an uninterrupted one does (logs, summary, merged export, PEFT adapter)."""
-    from safetensors.numpy import load_file
-
-    lora = {**RCGRPO, "rl.init_from": str(reference / "export"), "model.lora.rank": 4,
-            "rl.steps": 2, "rl.max_rollouts": 2 * ROUNDS * P * G, "rl.eval_every": 0}  # fmt: skip
-    uninterrupted, workdir = tmp_path / "uninterrupted", tmp_path / "run"
-    run(uninterrupted, **lora)
-    *_, last = run_killed_at(workdir, "update:6", **lora)  # 4 updates per iteration
-    assert last == "update 2" and saved_steps(workdir) == [1]  # resumes from a LoRA checkpoint
-    assert assert_prefix_of(uninterrupted, workdir) == [1]
-    run(workdir, **lora)
-    assert_same_rl_run(uninterrupted, workdir)
-    adapters = [load_file(d / "export" / "adapter" / "adapter_model.safetensors")
-                for d in (uninterrupted, workdir)]  # fmt: skip
-    assert adapters[0].keys() == adapters[1].keys() and adapters[0]
-    for k in adapters[0]:
-        np.testing.assert_array_equal(adapters[0][k], adapters[1][k])

@@ -380,28 +380,49 @@ def test_report_page_in_chromium(run_all):
 
 
 def test_rctp_then_rcgrpo_under_lora_train_adapters_and_export_both_ways(run_all, tmp_path):
-    """RCTP, then RC-GRPO (1 iteration, then resumed to 2; coin rewards, so that groups carry
-    signal), with `model.lora.rank` on q and v, from the warm start's export: the checkpoints
-    hold the adapters and reward-token rows (and Adam's moments of them) only; each merged export
-    leaves every untargeted weight bit-identical to the model it started from; the PEFT adapter
-    (export/adapter) loads with `PeftModel.from_pretrained` on that model and computes the
-    merged export's logits; and `--config.stage=eval` on the adapter directory (loaded onto the
-    base its adapter_config.json names) decodes and scores what the merged export does."""
+    """RCTP, then RC-GRPO (2 iterations of 4 updates; dynamic sampling and coin rewards, so that
+    every iteration updates), with `model.lora.rank` on q and v, from the warm start's export:
+    the checkpoints hold the adapters and reward-token rows (and Adam's moments of them) only;
+    killed in the second iteration's second update and started again from the first one's LoRA
+    checkpoint, the RL run ends as the uninterrupted one does (logs, summary, merged export, PEFT
+    adapter); each merged export leaves every untargeted weight bit-identical to the model it
+    started from; the PEFT adapter (export/adapter) loads with `PeftModel.from_pretrained` on
+    that model and computes the merged export's logits; and `--config.stage=eval` on the adapter
+    directory (loaded onto the base its adapter_config.json names) decodes and scores what the
+    merged export does."""
     import orbax.checkpoint as ocp
     import torch
     from peft import PeftModel
+    from safetensors.numpy import load_file
+    from test_kill_resume import assert_prefix_of, assert_same_rl_run, run_killed_at, saved_steps
     from transformers import AutoModelForCausalLM
 
     lora = {"model.lora.rank": 4, "model.lora.targets": "('q','v')"}
     warm = Path(run_all[0].workdir) / "warm_start" / "export"
     rctp, rl = tmp_path / "rctp", tmp_path / "rl"
     main(rctp, stage="rctp", **{"model.hf_path": str(warm), "train.checkpoint_every": 4}, **lora)
+    rounds, steps = 4, OVERRIDES["rl.steps"]
+    rows = OVERRIDES["rl.num_prompts"] * OVERRIDES["rl.group_size"]
     run = {"stage": "rcgrpo", "rl.init_from": str(rctp / "export"), "rl.eval_every": 0,
-           "rl.eval_points": 0, "env.module": "tests.forced_rewards", **lora}  # fmt: skip
-    main(rl, **run, **{"rl.steps": 1})
-    main(rl, **run, **{"rl.steps": 2})
-    assert json.loads((rl / "summary.json").read_text())["iterations"] == 2
-    assert any(m["applied_frac"] > 0 for m in read_jsonl(rl / "metrics.jsonl"))  # mixed groups
+           "rl.eval_points": 0, "env.module": "tests.forced_rewards",
+           "rl.dynamic_sampling": True, "rl.dynamic_max_rounds": rounds,
+           "rl.max_rollouts": steps * rounds * rows,
+           "rl.epochs": 2, "rl.minibatches": 2, **lora}  # fmt: skip
+    main(rl, **run)
+    assert json.loads((rl / "summary.json").read_text())["iterations"] == steps == 2
+    assert all(m["applied_frac"] > 0 for m in read_jsonl(rl / "metrics.jsonl"))  # mixed groups
+
+    killed = tmp_path / "killed"
+    *_, last = run_killed_at(killed, "update:6", **run)  # 4 updates per iteration
+    assert last == "update 2" and saved_steps(killed) == [1]  # resumes from a LoRA checkpoint
+    assert assert_prefix_of(rl, killed) == [1]
+    main(killed, **run)
+    assert_same_rl_run(rl, killed)
+    adapters = [load_file(d / "export" / "adapter" / "adapter_model.safetensors")
+                for d in (rl, killed)]  # fmt: skip
+    assert adapters[0].keys() == adapters[1].keys() and adapters[0]
+    for k in adapters[0]:
+        np.testing.assert_array_equal(adapters[0][k], adapters[1][k])
 
     for workdir, step in ((rctp, 4), (rl, 1)):
         meta = ocp.PyTreeCheckpointer().metadata(workdir / "checkpoints" / str(step) / "state")
