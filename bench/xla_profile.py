@@ -1,13 +1,14 @@
 """Where a step's time goes on XLA:CPU: per-op times from the JAX profiler, grouped.
 
-    python bench/xla_profile.py [--what train|decode|sft|peers_multi|peers_multi_whole]
-        [--repeats 5] [--top 20]
+    python bench/xla_profile.py [--what train|decode|sft|peers_single|peers_multi|
+        peers_multi_whole] [--repeats 5] [--top 20]
 
 `train` is bench/suite.py's train step (fused RC-GRPO step, 2 x 4 x 256 tokens, hidden 256,
 4 layers, vocab 1024, f32); `decode` its batch-32 greedy decode (64 tokens); `sft` the tiny
 demo's stage-1 step (model, optimizer, batch rows and length from configs/tiny.py);
-`peers_multi` the fused step on bench/peers.py's multi-turn shapes in the shared-prompt layout
-(`peers_multi_whole`: whole rows), bench/shared_prompt.py's batch. The program
+`peers_single` / `peers_multi` the fused step on bench/peers.py's single-turn (64 new tokens) /
+multi-turn shapes in the shared-prompt layout (`peers_multi_whole`: whole rows),
+bench/shared_prompt.py's batch. The program
 runs under `jax.profiler.trace` with XLA:CPU's per-thunk trace events on
 (`--xla_cpu_enable_xprof_traceme`); each event is an HLO op of the compiled module, joined with
 its `op_name` metadata from the compiled HLO text (the JAX primitive and its transforms: `jvp`
@@ -60,19 +61,21 @@ def _program(what: str):
         prompts = [rng.integers(1, 1024, int(rng.integers(16, 49))).tolist() for _ in range(32)]
         run = lambda: sampling.generate(cfg, params, prompts, 64)
         return run, "jit_decode", "greedy decode, batch 32, 64 new tokens (whole generate call)"
-    if what in ("peers_multi", "peers_multi_whole"):
+    if what.startswith("peers_"):
         from shared_prompt import model_config, rollouts
 
         from rcgrpo_jax.data import packing
 
         cfg = model_config()
         params = models.init_params(cfg, jax.random.key(0))
-        batch = rollouts(8, 8, 274, 120, False, cfg.vocab_size)
-        if what == "peers_multi":
+        single = what == "peers_single"  # the rendered prompts are ~38 tokens
+        batch = rollouts(8, 8, *((38, 64) if single else (274, 120)), False, cfg.vocab_size)
+        if not what.endswith("whole"):
             pieces = (batch[k] for k in ("tokens", "segments", "loss_mask"))
             batch = {**batch, **packing.shared_prompts(*pieces)}
         step, state, _ = fresh_step(cfg, params, OptimConfig(lr=1e-6, total_steps=100))
-        label = "fused GRPO step, bench/peers.py's multi-turn shapes (bench/shared_prompt.py), "
+        label = f"fused GRPO step, bench/peers.py's {'single' if single else 'multi'}-turn "
+        label += "shapes (bench/shared_prompt.py), "
         label += "whole rows" if what.endswith("whole") else "shared prompts"
     elif what == "train":
         import suite
@@ -147,7 +150,7 @@ def timeline(events: list[dict], is_dot: list[bool]) -> dict[str, float]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    whats = ("train", "decode", "sft", "peers_multi", "peers_multi_whole")
+    whats = ("train", "decode", "sft", "peers_single", "peers_multi", "peers_multi_whole")
     ap.add_argument("--what", choices=whats, default="train")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--top", type=int, default=20)

@@ -1,7 +1,7 @@
 """The stages end to end on a shrunken configs/tiny.py: sft, rctp, grpo, rcgrpo, eval and `all`.
 
 One `all` run of the command line (module fixture) produces every stage's outputs; the tests
-check they exist and agree with each other, then resume an RL arm to check it continues exactly.
+check they exist and agree with each other, then kill runs and check that they continue exactly.
 """
 
 from __future__ import annotations
@@ -164,6 +164,9 @@ def test_rl_arm_logs_are_consistent(run_all, arm):
         assert m["reward_mean"] == pytest.approx(rewards.mean())  # real rewards, shuffled or not
         if algo == "rcgrpo":  # stratified: both tokens in every group
             assert ((tokens == 1).any(1) & (tokens == 0).any(1)).all()
+            if not dynamic:  # configs/tiny.py: seed 0, p_high 0.75; fold_in(key(seed), it)
+                key = jax.random.fold_in(jax.random.key(0), m["step"] - 1)
+                assert r["reward_token"] == sample_reward_tokens(key, p, g, 0.75, True).tolist()
         elif overrides.get("grpo_token") == "high":  # GRPO under one fixed token
             assert (tokens == 1).all()
         else:
@@ -265,42 +268,6 @@ def test_default_output_is_quiet(run_all):
         (Path(config.workdir) / "table.txt").read_text().rstrip()
     )
     assert len(out) < 48, out  # one or two lines per arm, then the table
-
-
-def test_rl_resume_is_exact(run_all, tmp_path):
-    """1 iteration, stop, resume to 2 == 2 iterations in one go (params, rewards and reward
-    tokens: the resumed run's first iteration drawn on the host, the uninterrupted run's by the
-    fused step, both fold_in(key(seed), iteration)'s)."""
-    config, _ = run_all
-    root = Path(config.workdir)
-    init = str(root / "rctp" / "export")
-
-    def arm(workdir, steps):
-        main(
-            workdir,
-            **{
-                "stage": "rcgrpo",
-                "rl.init_from": init,
-                "rl.steps": steps,
-                "rl.eval_every": 0,
-                "rl.eval_points": 0,
-            },
-        )
-
-    arm(tmp_path / "once", 2)
-    arm(tmp_path / "resumed", 1)
-    arm(tmp_path / "resumed", 2)
-    a = read_jsonl(tmp_path / "once" / "rollouts.jsonl")
-    b = read_jsonl(tmp_path / "resumed" / "rollouts.jsonl")
-    assert [r["rewards"] for r in a] == [r["rewards"] for r in b]
-    assert [r["reward_token"] for r in a] == [r["reward_token"] for r in b]
-    p, g = config.rl.num_prompts, config.rl.group_size
-    for it, r in enumerate(a):  # configs/tiny.py: seed 0, stratified, p_high 0.75
-        key = jax.random.fold_in(jax.random.key(0), it)
-        assert r["reward_token"] == sample_reward_tokens(key, p, g, 0.75, True).tolist()
-    _, pa = models.load_hf(tmp_path / "once" / "export")
-    _, pb = models.load_hf(tmp_path / "resumed" / "export")
-    jax.tree.map(np.testing.assert_array_equal, pa, pb)
 
 
 def test_dynamic_sampling_trains_informative_groups_within_budget(tmp_path):
