@@ -6,16 +6,16 @@
 `train` is bench/suite.py's train step (fused RC-GRPO step, 2 x 4 x 256 tokens, hidden 256,
 4 layers, vocab 1024, f32); `decode` its batch-32 greedy decode (64 tokens); `sft` the tiny
 demo's stage-1 step (model, optimizer, batch rows and length from configs/tiny.py);
-`peers_single` / `peers_multi` the fused step on bench/peers.py's single-turn (64 new tokens) /
-multi-turn shapes in the shared-prompt layout (`peers_multi_whole`: whole rows),
-bench/shared_prompt.py's batch. The program
-runs under `jax.profiler.trace` with XLA:CPU's per-thunk trace events on
-(`--xla_cpu_enable_xprof_traceme`); each event is an HLO op of the compiled module, joined with
-its `op_name` metadata from the compiled HLO text (the JAX primitive and its transforms: `jvp`
-forward, `transpose` backward). Printed: wall time per call, the sum of op times (above the
-wall when ops run on both threads), the wall split by what was running (a dot, only other ops,
-nothing: gaps between calls count as nothing), the time per (primitive, pass) and the slowest
-ops.
+`peers_single` / `peers_multi` the fused step on bench/peers.py's single-turn (64 new tokens,
+as bench/peer_runs/ours_config.py runs it) / multi-turn shapes in the shared-prompt layout
+(`peers_multi_whole`: whole rows), bench/shared_prompt.py's batch. The program runs under
+`jax.profiler.trace` with XLA:CPU's per-thunk trace events on (`--xla_cpu_enable_xprof_traceme`);
+each event is an HLO op of the executed module, joined with its shape and `op_name` metadata
+from that module's optimized HLO as XLA dumps it (the JAX primitive and its transforms: `jvp`
+forward, `transpose` backward). Printed: wall time per call, the sum of op times (above the wall
+when ops run on both threads), the wall split by what was running (a dot: YNNPACK's or XLA's
+own; only other ops; nothing: gaps between calls count as nothing), the time per (primitive,
+pass) and the slowest ops.
 Like `rcgrpo_jax.main`, it runs with glibc's huge-page tunable (`rcgrpo_jax/host_memory.py`):
 without it, page faults on each call's fresh temporaries land in whichever op first touches
 them, and a stage-1 step takes ~1.5x as long (timed without the profiler).
@@ -64,16 +64,23 @@ def _program(what: str):
     if what.startswith("peers_"):
         from shared_prompt import model_config, rollouts
 
+        from rcgrpo_jax import rl
         from rcgrpo_jax.data import packing
 
         cfg = model_config()
-        params = models.init_params(cfg, jax.random.key(0))
         single = what == "peers_single"  # the rendered prompts are ~38 tokens
+        objective = None
+        if single:  # as bench/peer_runs/ours_config.py runs it: no scan, the head everywhere
+            cfg, objective = cfg.replace(scan_layers=False), rl.Objective(clip_high=0.2)
+        params = models.init_params(cfg, jax.random.key(0))
         batch = rollouts(8, 8, *((38, 64) if single else (274, 120)), False, cfg.vocab_size)
+        if single:
+            del batch["loss_index"]
         if not what.endswith("whole"):
             pieces = (batch[k] for k in ("tokens", "segments", "loss_mask"))
             batch = {**batch, **packing.shared_prompts(*pieces)}
-        step, state, _ = fresh_step(cfg, params, OptimConfig(lr=1e-6, total_steps=100))
+        optim = OptimConfig(lr=1e-6, total_steps=100)
+        step, state, _ = fresh_step(cfg, params, optim, objective=objective)
         label = f"fused GRPO step, bench/peers.py's {'single' if single else 'multi'}-turn "
         label += "shapes (bench/shared_prompt.py), "
         label += "whole rows" if what.endswith("whole") else "shared prompts"
@@ -121,8 +128,22 @@ def _program(what: str):
         holder["state"], m = step(holder["state"], batch)
         return m
 
-    run.hlo = lambda: step.jitted.lower(holder["state"], None, batch).compile().as_text()
     return run, "jit_step_fn", label
+
+
+def _op_metadata(dump: str, module: str, names: set[str]) -> dict[str, tuple[str, str]]:
+    """{op: (shape, op_name)} from the optimized HLO XLA dumped of the module `module`
+    (several compiles may share the name: the one that defines most of the traced `names`)."""
+    best: dict[str, tuple[str, str]] = {}
+    for path in Path(dump).glob(f"*.{module}.cpu_after_optimizations.txt"):
+        meta = {}
+        for line in path.read_text().splitlines():
+            m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (\S+) .*?op_name=\"([^\"]*)\"", line)
+            if m:
+                meta[m.group(1)] = (m.group(2), m.group(3))
+        if len(names & meta.keys()) > len(names & best.keys()):
+            best = meta
+    return best
 
 
 def timeline(events: list[dict], is_dot: list[bool]) -> dict[str, float]:
@@ -157,7 +178,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_cpu_enable_xprof_traceme" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_enable_xprof_traceme=true".strip()
+        flags = f"{flags} --xla_cpu_enable_xprof_traceme=true".strip()
+    # the executed modules' optimized HLO, for each traced op's shape and JAX op_name
+    dump = tempfile.mkdtemp(prefix="rcgrpo_hlo_")
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_dump_to={dump} --xla_dump_hlo_as_text"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
 
@@ -172,18 +196,12 @@ def main(argv=None) -> int:
     with jax.profiler.trace(logdir, create_perfetto_trace=True):
         for _ in range(args.repeats):
             jax.block_until_ready(run())
-    meta: dict[str, tuple[str, str]] = {}
-    hlo = getattr(run, "hlo", None)
-    if hlo is not None:
-        for line in hlo().splitlines():
-            m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (\S+) .*?op_name=\"([^\"]*)\"", line)
-            if m:
-                meta[m.group(1)] = (m.group(2), m.group(3))
     trace = next(Path(logdir).rglob("perfetto_trace.json.gz"))
     events = json.load(gzip.open(trace))
     events = events["traceEvents"] if isinstance(events, dict) else events
     traced = [e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})]
     mine = [e for e in traced if e["args"].get("hlo_module", "").startswith(module)]
+    meta = _op_metadata(dump, module, {e["name"] for e in mine})
     per_op: collections.Counter[str] = collections.Counter()
     for e in mine:
         per_op[e["name"]] += e["dur"] / 1e3 / args.repeats  # ms per call
@@ -196,7 +214,9 @@ def main(argv=None) -> int:
     print(f"# {label}: {best * 1e3:.1f} ms per call (best of {args.repeats}); "
           f"op time {sum(per_op.values()):.1f} ms over {ops / args.repeats:.0f} ops per call; "
           f"jax {jax.__version__}, XLA_FLAGS={os.environ['XLA_FLAGS']!r}")  # fmt: skip
-    wall = timeline(mine, [meta.get(e["name"], ("", ""))[1].endswith("dot_general") for e in mine])
+    # a dot: YNNPACK's fusions and XLA's own dot ops (named after the transpose they came from)
+    is_dot = [e["name"].startswith(("dot", "ynn_fusion")) for e in mine]
+    wall = timeline(mine, is_dot)
     print("# wall per call, from the trace's op intervals: "
           + ", ".join(f"{k} {v / 1e3 / args.repeats:.1f} ms" for k, v in wall.items()))  # fmt: skip
     print("\n| primitive | pass | ms per call | share |\n|---|---|---|---|")

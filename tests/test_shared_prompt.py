@@ -126,7 +126,8 @@ def test_layout_rebuilds_every_row(conditioned):
     starts = out["rest_start"][mask.any(-1)]
     rests = out["rest_segments"].sum(-1)
     assert out["prompt_tokens"].shape[-1] == min(piece_bucket(int(starts.max())), T)
-    assert out["rest_tokens"].shape[-1] == min(piece_bucket(int(rests.max())), T)
+    # the stack runs over Ts - 1 positions: a bucket of the longest rest less its last token
+    assert out["rest_tokens"].shape[-1] == min(piece_bucket(int(rests.max()) - 1) + 1, T)
     # the pieces are what sharing saves: each prompt once, not G times
     assert out["prompt_tokens"].size + out["rest_tokens"].size < batch["tokens"].size
 

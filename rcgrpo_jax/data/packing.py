@@ -148,9 +148,11 @@ def shared_prompts(
       counting on from its prompt's length;
     - rest_start [P, G]: where the rest starts in the row (its prompt's length).
 
-    Tp and Ts are the `piece_bucket`s of the longest prompt and rest (at most T). A row with no
-    loss token keeps an empty rest (nothing of it is ever read) and continues its group's first
-    prompt."""
+    Tp is the `piece_bucket` of the longest prompt, Ts that of the longest rest less its last
+    token, plus that token (at most T): the model runs the stack over Ts - 1 positions, since a
+    row's last token is a target only (so 64 sampled tokens after the prompt's last cost 64
+    positions, not a bucket of 65). A row with no loss token keeps an empty rest (nothing of it
+    is ever read) and continues its group's first prompt."""
     tokens = np.asarray(tokens)
     p, g, t = tokens.shape
     length = (np.asarray(segments) > 0).sum(-1)
@@ -172,7 +174,8 @@ def shared_prompts(
     k = max(1, *(len(x) for x in prompts))
     rest = np.where(has_loss, length - start, 0)
     bucket = lambda n: min(piece_bucket(max(1, n)), t)  # never longer than the rows themselves
-    tp, ts = bucket(int(start[has_loss].max(initial=0))), bucket(int(rest.max(initial=0)))
+    tp = bucket(int(start[has_loss].max(initial=0)))
+    ts = min(bucket(int(rest.max(initial=0)) - 1) + 1, t)
     out = {
         "prompt_tokens": np.zeros((p, k, tp), np.int32),
         "prompt_length": np.zeros((p, k), np.int32),

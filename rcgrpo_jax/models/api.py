@@ -251,10 +251,11 @@ def token_logprobs(
 
 
 def _predictions(cfg, params, hidden, tokens, segments, at, chunk):
-    """`token_logprobs`' three values from final-normed hidden states [B, T, E] of `tokens`."""
+    """`token_logprobs`' three values from final-normed hidden states [B, T, E] of `tokens`
+    [B, T] (or [B, T - 1, E]: the last token's, which predicts nothing, never computed)."""
     tokens = tokens.astype(jnp.int32)
     if at is None:
-        hidden, targets = hidden[:, :-1], tokens[:, 1:]
+        hidden, targets = hidden[:, : tokens.shape[1] - 1], tokens[:, 1:]
         seg, prev = segments[:, 1:], segments[:, :-1]
     else:
         at = at.astype(jnp.int32)
@@ -285,8 +286,13 @@ def shared_prefix_logprobs(
     those of `token_logprobs` over that concatenation, for the targets in `tokens` (positions
     into its Ts axis; position 0, whose context is the prefix alone, has none). `positions`
     continue the prefix's (its real token count, `prefix.length`). Each prefix runs through the
-    stack once however many rows continue it: G rollouts of one prompt pay for it once."""
+    stack once however many rows continue it: G rollouts of one prompt pay for it once. The
+    stack runs over the rows' first Ts - 1 positions: the last one's hidden state would predict
+    past the piece, so its token is a target only (`data.packing.shared_prompts` sizes the
+    pieces to a bucket plus that one)."""
     n, tp = prefix.tokens.shape
+    targets, target_segments = tokens, segments
+    tokens, positions, segments = tokens[:, :-1], positions[:, :-1], segments[:, :-1]
     b, ts = tokens.shape
     pre_positions = jnp.broadcast_to(jnp.arange(tp, dtype=jnp.int32), (n, tp))
     pre_segments = (pre_positions < prefix.length[:, None]).astype(jnp.int32)
@@ -304,7 +310,7 @@ def shared_prefix_logprobs(
         (pre_positions, positions), pick,
     )  # fmt: skip
     hidden = decoder.final_norm(cfg, params, hidden)
-    return _predictions(cfg, params, hidden, tokens, segments, at, chunk)
+    return _predictions(cfg, params, hidden, targets, target_segments, at, chunk)
 
 
 def _head_logprobs(
