@@ -29,6 +29,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -202,6 +203,8 @@ def main(argv=None) -> int:
     traced = [e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})]
     mine = [e for e in traced if e["args"].get("hlo_module", "").startswith(module)]
     meta = _op_metadata(dump, module, {e["name"] for e in mine})
+    for folder in (dump, logdir):  # tens of MB of HLO text and trace per run
+        shutil.rmtree(folder, ignore_errors=True)
     per_op: collections.Counter[str] = collections.Counter()
     for e in mine:
         per_op[e["name"]] += e["dur"] / 1e3 / args.repeats  # ms per call

@@ -136,11 +136,7 @@ class Lanes:
 
         def lane_turn(lane: int, local: list[int]) -> TurnOutput:
             lo = self._starts[lane]
-            budget = (
-                {r: int(max_new_tokens[lo + r]) for r in local}
-                if isinstance(max_new_tokens, Mapping)
-                else max_new_tokens
-            )
+            budget = {r: int(max_new_tokens[lo + r]) for r in local} if each else max_new_tokens
             stops = stop_token_ids if per_row is None else {r: per_row[lo + r] for r in local}
             return self._sessions[lane].decode_turn(budget, stops, rows=local)
 
