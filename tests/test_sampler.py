@@ -244,7 +244,9 @@ def test_preallocated_caches_sample_what_growing_ones_do(loaded, monkeypatch):
     """A session with a small max_len allocates its caches once (no grow programs, one cache
     length for every program) and still attends over the slots the growing schedule would use:
     tokens and log-probs are bit-identical to a session that grows its caches bucket by bucket,
-    over turns that cross several cache buckets, with sub-batches and finished rows."""
+    over turns that cross several cache buckets, with sub-batches and finished rows; and so are
+    they when its decode reads those slots out of the whole cache in every step rather than
+    from a copy made once per call (`core.decode`'s slice_once, the CPU default)."""
     cfg, params = loaded["qwen2"]
     small = sampling.Buckets(cache_min=16, chunk_min=16, chunk_max=16)
     max_len = sampling.cache_capacity(112, small)
@@ -264,11 +266,13 @@ def test_preallocated_caches_sample_what_growing_ones_do(loaded, monkeypatch):
     for name in ("grow", "prefill", "decode", "gather_rows"):
         spy(name)
     runs = {}
-    for prealloc in (max_len, 0):
+    for prealloc, slice_once in ((max_len, True), (0, True), (max_len, False)):
         buckets = dataclasses.replace(small, preallocate_max=prealloc)
         sess = sampling.Session(
             cfg, params, temperature=1.0, seed=7, max_len=max_len, buckets=buckets
         )
+        assert sess._slice_once  # on CPU
+        sess._slice_once = slice_once
         sess.start(prompts, reserve=12)
         capacities = [sess.state.capacity]
         for _ in range(3):
@@ -276,17 +280,26 @@ def test_preallocated_caches_sample_what_growing_ones_do(loaded, monkeypatch):
             sess.finish(sess.live_rows[-1:])
             sess.append({r: tool[r] for r in sess.live_rows[: len(sess.live_rows) // 2 + 1]})
             capacities.append(sess.state.capacity)
-        runs[prealloc] = ([sess.trajectory(r) for r in range(6)], capacities, list(calls))
+        runs[prealloc, slice_once] = (
+            [sess.trajectory(r) for r in range(6)],
+            capacities,
+            list(calls),
+        )
         calls.clear()
-    (pre, pre_caps, pre_calls), (grown, grown_caps, grown_calls) = runs[max_len], runs[0]
+    (pre, pre_caps, pre_calls), (grown, grown_caps, grown_calls) = (
+        runs[max_len, True],
+        runs[0, True],
+    )
+    per_step = runs[max_len, False][0]
     attention = lambda cs: [c for c in cs if c[0] in ("prefill", "decode")]  # noqa: E731
     assert attention(pre_calls) == attention(grown_calls)  # the same kv_len, call by call
     assert set(pre_caps) == {max_len} and not any(c[0] == "grow" for c in pre_calls)
     assert sum(c[0] == "grow" for c in grown_calls) >= 2 and grown_caps[0] < grown_caps[-1]
     assert any(c[0] == "gather_rows" for c in pre_calls)  # sub-batches and compaction ran
-    for a, b in zip(pre, grown, strict=True):
-        assert a.tokens == b.tokens and a.sampled == b.sampled
+    for a, b, c in zip(pre, grown, per_step, strict=True):
+        assert a.tokens == b.tokens == c.tokens and a.sampled == b.sampled == c.sampled
         np.testing.assert_array_equal(a.logprobs, b.logprobs)  # bit-identical, NaNs included
+        np.testing.assert_array_equal(a.logprobs, c.logprobs)
 
 
 def test_compile_count_bounded(loaded):

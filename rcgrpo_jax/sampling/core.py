@@ -242,7 +242,7 @@ def _row_keys(base: jax.Array, traj: jax.Array, n_sampled: jax.Array) -> jax.Arr
 @functools.partial(
     jax.jit,
     static_argnums=(0, 1, 2),
-    static_argnames="kv_len",
+    static_argnames=("kv_len", "slice_once"),
     donate_argnums=4,
 )
 def decode(
@@ -259,6 +259,7 @@ def decode(
     stop_ids: jax.Array,
     *,
     kv_len: int | None = None,
+    slice_once: bool = False,
 ) -> tuple[RolloutState, DecodeOut]:
     """Samples up to `steps` tokens per row in one `lax.while_loop`.
 
@@ -269,9 +270,19 @@ def decode(
     sampled token is fed through the model, so the state is ready for an append or more decoding.
     Attention reads the first `kv_len` slots (None: all): the caller guarantees that every row's
     `end + steps + 1` fits.
+
+    `slice_once`: the loop runs on a copy of the first `kv_len` slots, written back after it,
+    rather than reading those slots out of the whole cache in every step. XLA:CPU copies such a
+    slice of the slot axis for the attention dot on every step and layer (at bench/peers.py's
+    shape ~18% of a decode call, docs/benchmarks.md, "The decode loop's cache window"); the copy
+    costs the window's memory, so sessions ask for it on CPU only. The numbers are the same.
     """
     _traced("decode")
     weights = decoder.unstack_layers(cfg, params)  # once per call, outside the loop
+    full = state
+    if slice_once and kv_len is not None and kv_len < state.capacity:
+        state = state.replace(cache=forward.first_slots(state.cache, kv_len))
+        kv_len = None
     b = state.batch
     done0 = budget <= 0
     init = (
@@ -312,6 +323,8 @@ def decode(
         return i + 1, _constrain_state(st), done, toks, lps, n_new, stopped | hit
 
     _, state, _, toks, lps, n_new, stopped = jax.lax.while_loop(cond, body, init)
+    if state.capacity < full.capacity:
+        state = state.replace(cache=forward.with_first_slots(full.cache, state.cache))
     return _constrain_state(state), DecodeOut(toks, lps, n_new, stopped)
 
 

@@ -77,6 +77,29 @@ def pad_cache(c: Cache, capacity: int) -> Cache:
     )
 
 
+def first_slots(c: Cache, n: int) -> Cache:
+    """A copy of the cache's first `n` slots (rows' `end` unchanged: the caller keeps them
+    within `n`)."""
+    return Cache(
+        k=tuple(x[..., :n] for x in c.k),
+        v=tuple(x[:, :, :n] for x in c.v),
+        segments=c.segments[:, :n],
+        end=c.end,
+    )
+
+
+def with_first_slots(c: Cache, first: Cache) -> Cache:
+    """`c` with its first slots replaced by `first`'s (`first_slots`' inverse; in place when `c`
+    is donated), and `first`'s `end`."""
+    put = lambda x, y, axis: jax.lax.dynamic_update_slice_in_dim(x, y, 0, axis)
+    return Cache(
+        k=tuple(put(x, y, 3) for x, y in zip(c.k, first.k, strict=True)),
+        v=tuple(put(x, y, 2) for x, y in zip(c.v, first.v, strict=True)),
+        segments=put(c.segments, first.segments, 1),
+        end=first.end,
+    )
+
+
 def _write(buf: jax.Array, chunk: jax.Array, start: jax.Array, axis: int) -> jax.Array:
     """buf[b, ..., start[b]:start[b]+T, ...] = chunk[b] along slot `axis` of each row, for every
     row b; in place when `buf` is a loop carry or donated."""

@@ -133,6 +133,8 @@ class Session:
         self._shard = 1
         if self.mesh is not None:
             self._shard = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        devices = self.mesh.devices.flat if self.mesh is not None else jax.devices()
+        self._slice_once = next(iter(devices)).platform == "cpu"  # `core.decode`'s slice_once
         self._state: core.RolloutState | None = None
         self._room = 0  # cache slots in use by the bucket schedule (<= the state's capacity)
         self._live: list[int] = []  # row at each state slot (slots >= len are empty)
@@ -251,7 +253,7 @@ class Session:
                 state, res = core.decode(
                     self.cfg, self._mode, steps, self.params, state, self._key,
                     self._temperature, self._top_k, self._top_p, bud, stop_arr,
-                    kv_len=self._kv_bucket(slot_rows, steps + 1),
+                    kv_len=self._kv_bucket(slot_rows, steps + 1), slice_once=self._slice_once,
                 )  # fmt: skip
                 return state, tuple(distributed.host_tree(tuple(res)))  # gathered if sharded
 
