@@ -325,11 +325,7 @@ def _head_logprobs(
     def one(h, y):
         logits = decoder.lm_logits(cfg, h, head)
         logp_all = jax.nn.log_softmax(logits, axis=-1)
-        # a masked sum, not take_along_axis: the same value, and a backward that XLA fuses
-        # into the softmax's rather than a scatter into a zeroed [B, N, V] (~20% of the head's
-        # forward and backward at bench/peers.py's shape, docs/benchmarks.md)
-        hit = jax.lax.broadcasted_iota(jnp.int32, logp_all.shape, logp_all.ndim - 1) == y[..., None]
-        picked = jnp.sum(jnp.where(hit, logp_all, 0.0), axis=-1)
+        picked = jnp.take_along_axis(logp_all, y[..., None], axis=-1)[..., 0]
         return picked, -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
 
     n = -(-t // chunk)
