@@ -279,8 +279,8 @@ def decode(
     """
     _traced("decode")
     weights = decoder.unstack_layers(cfg, params)  # once per call, outside the loop
-    full = state
-    if slice_once and kv_len is not None and kv_len < state.capacity:
+    full, windowed = state, slice_once and kv_len is not None and kv_len < state.capacity
+    if windowed:
         state = state.replace(cache=forward.first_slots(state.cache, kv_len))
         kv_len = None
     b = state.batch
@@ -323,7 +323,7 @@ def decode(
         return i + 1, _constrain_state(st), done, toks, lps, n_new, stopped | hit
 
     _, state, _, toks, lps, n_new, stopped = jax.lax.while_loop(cond, body, init)
-    if state.capacity < full.capacity:
+    if windowed:
         state = state.replace(cache=forward.with_first_slots(full.cache, state.cache))
     return _constrain_state(state), DecodeOut(toks, lps, n_new, stopped)
 
