@@ -225,3 +225,57 @@ def test_curves_cost_and_paired_area_by_hand():
     report = seeds.format_report(runs, agg)
     assert "success % at trajectories" in report and "2.00x" in report
     assert "area rctp_rcgrpo - sft_grpo_dynamic" in report
+
+
+_PRINT_CONFIG = """
+import sys
+from absl import flags
+from ml_collections import config_flags
+cfg = config_flags.DEFINE_config_file("config", "configs/tiny.py", "")
+for name in ("seeds", "workdir", "pool"):  # tools.seeds' own flags: parsed, not forwarded
+    flags.DEFINE_string(name, "", "")
+flags.FLAGS(sys.argv)
+print(cfg.value.to_json())
+"""
+
+
+def _parsed(argv: list[str]) -> dict:
+    """The config that absl gives a command line `argv` (a process of its own: config_flags'
+    overrides live on the global flags)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _PRINT_CONFIG, *argv], capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def test_each_seed_runs_in_its_own_process_with_the_commands_config(tmp_path):
+    argv = ["--seeds=0,1", "--config", "configs/tiny.py", "--workdir", str(tmp_path),
+            "--config.rl.eval_points=8", "--config.arms=('grid',)", "--pool=a,b",
+            "--config.seed=7", "--config.rl.optim.lr=1e-6"]  # fmt: skip
+    cmd = seeds.seed_command(argv, 3, tmp_path / "seed_3", synthetic=True)
+    assert cmd[1:3] == ["-m", "rcgrpo_jax.main"]
+    assert not any(a.startswith(("--seeds", "--workdir", "--pool")) for a in cmd)
+    child, parent = _parsed(cmd[3:]), _parsed(argv)
+    own = (child["seed"], child["workdir"], child["env"]["synthetic"]["seed"])
+    assert own == (3, str(tmp_path / "seed_3"), 3)
+    assert (parent["seed"], parent["rl"]["eval_points"], parent["arms"]) == (7, 8, ["grid"])
+    parent.update(seed=3, workdir=str(tmp_path / "seed_3"))
+    parent["env"]["synthetic"]["seed"] = 3
+    assert child == parent  # the rest is the command's own config, overrides included
+    assert "--config.env.synthetic.seed=3" not in seeds.seed_command(argv, 3, tmp_path, False)
+
+
+def test_a_seeds_process_hands_back_its_summary_or_says_how_to_resume(tmp_path):
+    import sys
+
+    done = tmp_path / "seed_0"
+    write = f"import json,os; os.makedirs({str(done)!r}); json.dump({{'arms': {{}}}}, " \
+            f"open(os.path.join({str(done)!r}, 'summary.json'), 'w'))"  # fmt: skip
+    assert seeds.run_child([sys.executable, "-c", write], done) == {"arms": {}}
+    died = tmp_path / "seed_1"
+    with pytest.raises(UserError, match=r"seed_1 failed \(exit 3\).*rerun this command"):
+        seeds.run_child([sys.executable, "-c", "raise SystemExit(3)"], died)
+    with pytest.raises(UserError, match=r"exit 0"):  # exited 0 without a summary
+        seeds.run_child([sys.executable, "-c", "pass"], died)

@@ -3,11 +3,14 @@
     python -m rcgrpo_jax.tools.seeds --config=configs/tiny.py --seeds=0,1,2,3,4 \\
         --workdir=runs/seeds [--pool=runs/avx2,...] [--config.model.scan_layers=True ...]
 
-Each seed runs `--config.seed=N` in `<workdir>/seed_N` (resumable: a finished seed is read back,
-not rerun). `--pool` adds the finished `DIR/seed_N` runs of other workdirs, e.g. the same seeds
-compiled under `XLA_FLAGS=--xla_cpu_max_isa=AVX2`: a different rounding is another sample of
-training's chaos, so it joins the aggregate as `seed_N@<basename of DIR>`. Two runs whose
-results are bit-identical (a seed the other compile did not perturb) are one sample, counted
+Each seed runs `python -m rcgrpo_jax.main` with this command's `--config` flags and
+`--config.seed=N` in `<workdir>/seed_N`, one process per seed (XLA:CPU's compiled programs keep
+their memory maps, and one process would meet Linux's map limit within a few full-grid seeds).
+Resumable: a finished seed is read back, not rerun; a seed that died resumes its finished arms.
+`--pool` adds the finished `DIR/seed_N` runs of other workdirs, e.g. the same seeds compiled
+under `XLA_FLAGS=--xla_cpu_max_isa=AVX2`: a different rounding is another sample of training's
+chaos, so it joins the aggregate as `seed_N@<basename of DIR>`. Two runs whose results are
+bit-identical (a seed the other compile did not perturb) are one sample, counted
 once, and the report says which.
 
 Per arm, over the distinct runs: held-out success at RL's start (under the arm's own evaluation
@@ -37,12 +40,12 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import ml_collections
 import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
@@ -398,11 +401,47 @@ def read_runs(
     return runs | pooled
 
 
+def config_args(argv: Sequence[str]) -> list[str]:
+    """The `--config` file and `--config.*` overrides of a command line, in order (a flag given
+    as `--flag value` keeps its value), plus `--verbosity`: what a seed's own run must see."""
+    out: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        name = arg.split("=", 1)[0]
+        if name in ("--config", "--verbosity", "-v") or name.startswith("--config."):
+            out.append(arg)
+            if "=" not in arg:
+                out.append(next(it, ""))
+    return out
+
+
+def seed_command(argv: Sequence[str], seed: int, workdir: Path, synthetic: bool) -> list[str]:
+    """`python -m rcgrpo_jax.main` with this command's config and overrides, then the seed's own
+    (last, so they win): `seed`, `workdir` and, on the synthetic environment, the task seed."""
+    own = [f"--config.seed={seed}", f"--config.workdir={workdir}"]
+    if synthetic:
+        own.append(f"--config.env.synthetic.seed={seed}")
+    return [sys.executable, "-m", "rcgrpo_jax.main", *config_args(argv), *own]
+
+
+def run_child(cmd: Sequence[str], workdir: Path) -> dict[str, Any]:
+    """Runs one seed's stage `all` in a process of its own (its output passes through) and
+    reads back its summary; a failed run is a UserError naming the command to resume it."""
+    import subprocess
+
+    code = subprocess.run(list(cmd), check=False).returncode
+    path = Path(workdir) / "summary.json"
+    if code != 0 or not path.exists():
+        raise UserError(
+            f"{workdir.name} failed (exit {code}): {shlex.join(cmd)}; rerun this command "
+            "to resume it (its finished arms are read back)"
+        )
+    return json.loads(path.read_text())
+
+
 def main(argv: list[str]) -> int:
     del argv
     logs.configure(verbose=flags.FLAGS["verbosity"].present)
-    from rcgrpo_jax.stages import all as experiment
-
     config = _CONFIG.value
     workdir = Path(_WORKDIR.value)
     try:
@@ -410,20 +449,17 @@ def main(argv: list[str]) -> int:
         config_check.validate(config)
         if config.stage != "all":
             raise UserError(f"config.stage={config.stage!r}; the seed table runs stage 'all'")
-        from rcgrpo_jax import compilation
-
-        compilation.configure_from(config)
     except (ValueError, UserError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
     def run_seed(seed: int) -> dict[str, Any]:
-        c = ml_collections.ConfigDict(config.to_dict())
-        c.seed, c.workdir = seed, str(workdir / f"seed_{seed}")
-        if c.env.benchmark == "synthetic":  # each seed its own tasks, held-out ones included
-            c.env.synthetic.seed = seed
-        print(f"seed {seed}: {c.workdir}", flush=True)
-        return experiment.run(c)
+        # one process per seed: XLA:CPU keeps every compiled program's memory maps, and a
+        # full-grid seed's few hundred programs use ~40k of Linux's 65,530 (vm.max_map_count)
+        synthetic = config.env.benchmark == "synthetic"  # each seed draws its own tasks
+        cmd = seed_command(sys.argv[1:], seed, workdir / f"seed_{seed}", synthetic)
+        print(f"seed {seed}: {workdir / f'seed_{seed}'}", flush=True)
+        return run_child(cmd, workdir / f"seed_{seed}")
 
     try:
         per_run = read_runs(workdir, seeds, [Path(p) for p in _POOL.value], run_seed)
