@@ -227,44 +227,23 @@ def test_curves_cost_and_paired_area_by_hand():
     assert "area rctp_rcgrpo - sft_grpo_dynamic" in report
 
 
-_PRINT_CONFIG = """
-import sys
-from absl import flags
-from ml_collections import config_flags
-cfg = config_flags.DEFINE_config_file("config", "configs/tiny.py", "")
-for name in ("seeds", "workdir", "pool"):  # tools.seeds' own flags: parsed, not forwarded
-    flags.DEFINE_string(name, "", "")
-flags.FLAGS(sys.argv)
-print(cfg.value.to_json())
-"""
-
-
-def _parsed(argv: list[str]) -> dict:
-    """The config that absl gives a command line `argv` (a process of its own: config_flags'
-    overrides live on the global flags)."""
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", _PRINT_CONFIG, *argv], capture_output=True,
-                         text=True, check=True)  # fmt: skip
-    return json.loads(out.stdout)
-
-
 def test_each_seed_runs_in_its_own_process_with_the_commands_config(tmp_path):
-    argv = ["--seeds=0,1", "--config", "configs/tiny.py", "--workdir", str(tmp_path),
-            "--config.rl.eval_points=8", "--config.arms=('grid',)", "--pool=a,b",
-            "--config.seed=7", "--config.rl.optim.lr=1e-6"]  # fmt: skip
-    cmd = seeds.seed_command(argv, 3, tmp_path / "seed_3", synthetic=True)
-    assert cmd[1:3] == ["-m", "rcgrpo_jax.main"]
-    assert not any(a.startswith(("--seeds", "--workdir", "--pool")) for a in cmd)
-    child, parent = _parsed(cmd[3:]), _parsed(argv)
-    own = (child["seed"], child["workdir"], child["env"]["synthetic"]["seed"])
-    assert own == (3, str(tmp_path / "seed_3"), 3)
-    assert (parent["seed"], parent["rl"]["eval_points"], parent["arms"]) == (7, 8, ["grid"])
-    parent.update(seed=3, workdir=str(tmp_path / "seed_3"))
-    parent["env"]["synthetic"]["seed"] = 3
-    assert child == parent  # the rest is the command's own config, overrides included
-    assert "--config.env.synthetic.seed=3" not in seeds.seed_command(argv, 3, tmp_path, False)
+    argv = ["--seeds=0,1", "--config=configs/tiny.py", f"--workdir={tmp_path}",
+            "--config.arms=('grid',)", "--config.seed=7"]  # fmt: skip
+    cmd = seeds.child_command(argv, 3)
+    assert cmd[1:] == ["-m", "rcgrpo_jax.tools.seeds", *argv, "--only_seed=3"]
+
+    from configs.tiny import get_config
+
+    config = get_config()
+    config.rl.optim.lr = 1e-6
+    c = seeds.seed_config(config, 3, tmp_path)
+    assert (c.seed, c.workdir, c.env.synthetic.seed) == (3, str(tmp_path / "seed_3"), 3)
+    assert config.seed != 3 and c.rl.optim.lr == 1e-6  # a copy, the rest unchanged
+    c.seed, c.workdir, c.env.synthetic.seed = config.seed, config.workdir, config.env.synthetic.seed
+    assert c.to_dict() == config.to_dict()
+    config.env.benchmark = "bfcl"  # the BFCL entries do not depend on the seed
+    assert seeds.seed_config(config, 3, tmp_path).env.synthetic.seed == config.env.synthetic.seed
 
 
 def test_a_seeds_process_hands_back_its_summary_or_says_how_to_resume(tmp_path):

@@ -3,9 +3,9 @@
     python -m rcgrpo_jax.tools.seeds --config=configs/tiny.py --seeds=0,1,2,3,4 \\
         --workdir=runs/seeds [--pool=runs/avx2,...] [--config.model.scan_layers=True ...]
 
-Each seed runs `python -m rcgrpo_jax.main` with this command's `--config` flags and
-`--config.seed=N` in `<workdir>/seed_N`, one process per seed (XLA:CPU's compiled programs keep
-their memory maps, and one process would meet Linux's map limit within a few full-grid seeds).
+Each seed runs stage `all` with `--config.seed=N` in `<workdir>/seed_N`, in a process of its
+own (this command again, with `--only_seed=N`): XLA:CPU's compiled programs keep their memory
+maps, and one process would meet Linux's map limit within a few full-grid seeds.
 Resumable: a finished seed is read back, not rerun; a seed that died resumes its finished arms.
 `--pool` adds the finished `DIR/seed_N` runs of other workdirs, e.g. the same seeds compiled
 under `XLA_FLAGS=--xla_cpu_max_isa=AVX2`: a different rounding is another sample of training's
@@ -50,10 +50,11 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from rcgrpo_jax import config_check, logs, machine
+from rcgrpo_jax import compilation, config_check, logs, machine
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.rl.arms import BASELINE, METHOD, control_of
 from rcgrpo_jax.rl.curve import Curve, ratio
+from rcgrpo_jax.stages import all as experiment
 from rcgrpo_jax.stages.all import STAGE1
 
 TARGETS = ("sft_in_band", "rctp_controllable", "rcgrpo_less_degenerate")
@@ -401,27 +402,21 @@ def read_runs(
     return runs | pooled
 
 
-def config_args(argv: Sequence[str]) -> list[str]:
-    """The `--config` file and `--config.*` overrides of a command line, in order (a flag given
-    as `--flag value` keeps its value), plus `--verbosity`: what a seed's own run must see."""
-    out: list[str] = []
-    it = iter(argv)
-    for arg in it:
-        name = arg.split("=", 1)[0]
-        if name in ("--config", "--verbosity", "-v") or name.startswith("--config."):
-            out.append(arg)
-            if "=" not in arg:
-                out.append(next(it, ""))
-    return out
+def seed_config(config: Any, seed: int, workdir: Path) -> Any:
+    """The config of one seed's run: `seed`, its workdir `<workdir>/seed_N` and, on the
+    synthetic environment, the task seed (each seed draws its own tasks, held-out ones too)."""
+    import ml_collections
+
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.seed, c.workdir = seed, str(Path(workdir) / f"seed_{seed}")
+    if c.env.benchmark == "synthetic":
+        c.env.synthetic.seed = seed
+    return c
 
 
-def seed_command(argv: Sequence[str], seed: int, workdir: Path, synthetic: bool) -> list[str]:
-    """`python -m rcgrpo_jax.main` with this command's config and overrides, then the seed's own
-    (last, so they win): `seed`, `workdir` and, on the synthetic environment, the task seed."""
-    own = [f"--config.seed={seed}", f"--config.workdir={workdir}"]
-    if synthetic:
-        own.append(f"--config.env.synthetic.seed={seed}")
-    return [sys.executable, "-m", "rcgrpo_jax.main", *config_args(argv), *own]
+def child_command(argv: Sequence[str], seed: int) -> list[str]:
+    """This command again with `--only_seed`: the same flags, so the same config, one seed."""
+    return [sys.executable, "-m", "rcgrpo_jax.tools.seeds", *argv, f"--only_seed={seed}"]
 
 
 def run_child(cmd: Sequence[str], workdir: Path) -> dict[str, Any]:
@@ -432,10 +427,8 @@ def run_child(cmd: Sequence[str], workdir: Path) -> dict[str, Any]:
     code = subprocess.run(list(cmd), check=False).returncode
     path = Path(workdir) / "summary.json"
     if code != 0 or not path.exists():
-        raise UserError(
-            f"{workdir.name} failed (exit {code}): {shlex.join(cmd)}; rerun this command "
-            "to resume it (its finished arms are read back)"
-        )
+        msg = f"{workdir.name} failed (exit {code}): {shlex.join(cmd)}"
+        raise UserError(f"{msg}; rerun this command to resume it (finished arms are read back)")
     return json.loads(path.read_text())
 
 
@@ -453,13 +446,14 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    def run_seed(seed: int) -> dict[str, Any]:
-        # one process per seed: XLA:CPU keeps every compiled program's memory maps, and a
-        # full-grid seed's few hundred programs use ~40k of Linux's 65,530 (vm.max_map_count)
-        synthetic = config.env.benchmark == "synthetic"  # each seed draws its own tasks
-        cmd = seed_command(sys.argv[1:], seed, workdir / f"seed_{seed}", synthetic)
+    if _ONLY_SEED.value is not None:  # one seed, in the process `run_child` started
+        compilation.configure_from(config)
+        experiment.run(seed_config(config, _ONLY_SEED.value, workdir))
+        return 0
+
+    def run_seed(seed: int) -> dict[str, Any]:  # a process per seed: see the module's top
         print(f"seed {seed}: {workdir / f'seed_{seed}'}", flush=True)
-        return run_child(cmd, workdir / f"seed_{seed}")
+        return run_child(child_command(sys.argv[1:], seed), workdir / f"seed_{seed}")
 
     try:
         per_run = read_runs(workdir, seeds, [Path(p) for p in _POOL.value], run_seed)
@@ -487,12 +481,15 @@ def main(argv: list[str]) -> int:
 
 def _define_flags() -> None:
     """Flags are defined only when run as a command (the module is also imported by tests)."""
-    global _CONFIG, _SEEDS, _WORKDIR, _POOL
+    global _CONFIG, _SEEDS, _WORKDIR, _POOL, _ONLY_SEED
     _CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny.py", "Stage `all` config.")
     _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2", "3", "4"], "Seeds to run.")
     _WORKDIR = flags.DEFINE_string("workdir", "runs/seeds", "One sub-directory per seed.")
     _POOL = flags.DEFINE_list(
         "pool", [], "Other workdirs whose finished seed_N runs join the aggregate (not run)."
+    )
+    _ONLY_SEED = flags.DEFINE_integer(
+        "only_seed", None, "Run this one seed here and stop (what each seed's process is given)."
     )
 
 
