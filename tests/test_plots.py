@@ -90,3 +90,34 @@ def test_plot_rl_panels_and_series(tmp_path):
     assert (
         png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
     )
+
+
+def test_curves_figure_pairs_colours_and_draws_controls_without_bands(tmp_path):
+    rows = lambda *ys: [{"rollouts": 256.0 * k, "mean": y, "ci95": 0.05, "n": 3}
+                        for k, y in enumerate(ys)]  # fmt: skip
+    arms = {
+        "sft_grpo": rows(0.5, 0.6), "rctp_rcgrpo": rows(0.5, 0.7),
+        "sft_grpo_dynamic": rows(0.5, 0.65), "sft_grpo_shuffled": rows(0.5, 0.3),
+    }  # fmt: skip
+    panels = {"one-turn": arms, "multi-turn": {"rctp_rcgrpo": rows(0.4, 0.5)}}
+    fig = plots.curves_figure(panels, controls={"sft_grpo_shuffled": "sft_grpo"})
+    try:
+        one, multi = fig.axes[:2]
+        lines = {ln.get_label(): ln for ln in one.get_lines()}
+        assert list(lines) == list(arms)
+        colour = {k: ln.get_color() for k, ln in lines.items()}
+        # an arm, its dynamic twin and its control share a colour; another arm has its own,
+        # the same in every panel
+        assert colour["sft_grpo"] == colour["sft_grpo_dynamic"] == colour["sft_grpo_shuffled"]
+        assert colour["rctp_rcgrpo"] != colour["sft_grpo"]
+        assert multi.get_lines()[0].get_color() == colour["rctp_rcgrpo"]
+        styles = {k: ln.get_linestyle() for k, ln in lines.items()}
+        assert styles == {"sft_grpo": "-", "rctp_rcgrpo": "-", "sft_grpo_dynamic": "--",
+                          "sft_grpo_shuffled": ":"}  # fmt: skip
+        assert len(one.collections) == 3  # a band per real arm, none for the control
+        assert lines["rctp_rcgrpo"].get_ydata()[-1] == pytest.approx(70.0)
+        assert [t.get_text() for t in multi.get_legend().get_texts()] == list(arms)  # each once
+    finally:
+        plt.close(fig)
+    png = plots.plot_curves(panels, tmp_path / "curves.png", title="study")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

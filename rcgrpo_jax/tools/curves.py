@@ -45,7 +45,11 @@ def main(argv: list[str]) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = plots.plot_curves(panels, _OUT.value)
+    from rcgrpo_jax.rl.arms import control_of
+
+    arms = {n for curves in panels.values() for n in curves}
+    controls = {n: c[0] for n in arms if (c := control_of(n))}
+    out = plots.plot_curves(panels, _OUT.value, controls=controls)
     print(f"wrote {out}")
     return 0
 

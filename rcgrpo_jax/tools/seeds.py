@@ -469,7 +469,8 @@ def main(argv: list[str]) -> int:
     if any(agg["curves"].values()):  # held-out success against trajectories, mean and band
         from rcgrpo_jax.train import plots
 
-        plots.plot_curves({workdir.name: agg["curves"]}, workdir / "curves.png")
+        controls = {n: c[0] for n in agg["curves"] if (c := control_of(n))}
+        plots.plot_curves({workdir.name: agg["curves"]}, workdir / "curves.png", controls=controls)
     # the study's page: intervals, paired differences, curves with bands, each run's own page
     from rcgrpo_jax import report as page
     from rcgrpo_jax.config import base_config

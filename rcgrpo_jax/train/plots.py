@@ -227,37 +227,63 @@ def plot_rl(
 # ------------------------------------------------------------------------------ cost curves
 
 
-def plot_curves(
+def curves_figure(
     panels: Mapping[str, Mapping[str, Sequence[Mapping[str, float]]]],
-    out_path: str | Path,
-    *,
-    title: str | None = None,
-) -> Path:
+    controls: Mapping[str, str] | None = None,
+):
     """Held-out success against trajectories generated, one panel per task set {title: {arm:
     rows}}, one line per arm: each row (`tools.seeds.curve_bands`) a budget point with the
-    runs' mean `rollouts`, `mean` success and `ci95` half-width, drawn as the mean with its
-    95% band (no band where a point has one run)."""
+    runs' mean `rollouts`, `mean` success and `ci95` half-width. A real arm is its mean with its
+    95% band, one colour per arm with its `_dynamic` twin (solid plain, dashed dynamic); a
+    control (`controls`: {control arm: the arm it controls}) is a thin dotted line in its arm's
+    colour, without a band, so that a dozen arms stay readable."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.6), squeeze=False)
+    controls = dict(controls or {})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 2.6, 4.6), squeeze=False)
+    colour: dict[str, str] = {}  # an arm without `_dynamic` -> its colour, in order met
     for ax, (name, arms) in zip(axes[0], panels.items(), strict=True):
-        for i, (arm, rows) in enumerate(arms.items()):
+        for arm, rows in arms.items():
             if not rows:
                 continue
+            real = controls.get(arm, arm)
+            base = real.removesuffix("_dynamic")
+            c = colour.setdefault(base, f"C{len(colour) % 10}")
             xs = [r["rollouts"] for r in rows]
             ys = [100 * r["mean"] for r in rows]
+            if arm in controls:
+                ax.plot(xs, ys, ":", color=c, linewidth=1.2, label=arm)
+                continue
+            style = "--" if real.endswith("_dynamic") else "-"
+            ax.plot(xs, ys, style, marker="o", markersize=3, color=c, label=arm)
             half = [100 * r["ci95"] for r in rows]
-            style = "--" if arm.endswith("_dynamic") else "-"
-            ax.plot(xs, ys, style, marker="o", markersize=3, color=f"C{i % 10}", label=arm)
             lo = [y - h for y, h in zip(ys, half, strict=True)]
             hi = [y + h for y, h in zip(ys, half, strict=True)]
-            ax.fill_between(xs, lo, hi, color=f"C{i % 10}", alpha=0.15, linewidth=0)
+            ax.fill_between(xs, lo, hi, color=c, alpha=0.1, linewidth=0)
         n = max((r["n"] for rows in arms.values() for r in rows), default=0)
         ax.set_title(f"{name} ({n} runs: mean, 95% band)", fontsize=10)
         ax.set_xlabel("trajectories generated")
         ax.set_ylabel("held-out success %")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    legend = {}  # one entry per arm over all panels, right of the last
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    axes[0][-1].legend(legend.values(), legend.keys(), fontsize=7, loc="upper left",
+                       bbox_to_anchor=(1.02, 1))  # fmt: skip
+    fig.tight_layout()
+    return fig
+
+
+def plot_curves(
+    panels: Mapping[str, Mapping[str, Sequence[Mapping[str, float]]]],
+    out_path: str | Path,
+    *,
+    controls: Mapping[str, str] | None = None,
+    title: str | None = None,
+) -> Path:
+    """`curves_figure` written to `out_path` as a PNG."""
+    fig = curves_figure(panels, controls)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+        fig.tight_layout()
     return _save(fig, out_path)
