@@ -328,11 +328,12 @@ def test_generate_lanes_split_rows_over_threads(loaded, monkeypatch):
 
     cfg, params = loaded["qwen2"]
     prompts = _prompts(cfg.vocab_size, lens=(5, 17, 11, 6, 9, 3, 14, 8, 12, 4), seed=8)
-    seen: list[tuple[int, int, int]] = []  # (thread, first row, rows) of each session's turn
+    seen: list[tuple[str, int, int]] = []  # (thread, first row, rows) of each session's turn
     decode_turn = sampling.Session.decode_turn
 
     def spy(self, *args, **kwargs):
-        seen.append((threading.get_ident(), self._first_row, len(self.live_rows)))
+        # a thread's name, not its ident: an ident is reused once its thread has ended
+        seen.append((threading.current_thread().name, self._first_row, len(self.live_rows)))
         return decode_turn(self, *args, **kwargs)
 
     monkeypatch.setattr(sampling.Session, "decode_turn", spy)
