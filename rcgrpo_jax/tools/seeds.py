@@ -446,16 +446,15 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    if _ONLY_SEED.value is not None:  # one seed, in the process `run_child` started
-        compilation.configure_from(config)
-        experiment.run(seed_config(config, _ONLY_SEED.value, workdir))
-        return 0
-
     def run_seed(seed: int) -> dict[str, Any]:  # a process per seed: see the module's top
         print(f"seed {seed}: {workdir / f'seed_{seed}'}", flush=True)
         return run_child(child_command(sys.argv[1:], seed), workdir / f"seed_{seed}")
 
     try:
+        if _ONLY_SEED.value is not None:  # one seed, in the process `run_child` started
+            compilation.configure_from(config)
+            experiment.run(seed_config(config, _ONLY_SEED.value, workdir))
+            return 0
         per_run = read_runs(workdir, seeds, [Path(p) for p in _POOL.value], run_seed)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
