@@ -36,20 +36,24 @@ def read_panels(studies: list[str]) -> dict[str, dict]:
     return panels
 
 
-def main(argv: list[str]) -> int:
-    del argv
+def draw(panels: dict[str, dict], out_path: str | Path) -> Path:
+    """`plots.plot_curves` with each control arm (`rl.arms.control_of`) drawn as its arm's."""
+    from rcgrpo_jax.rl.arms import control_of
     from rcgrpo_jax.train import plots
 
+    arms = {n for curves in panels.values() for n in curves}
+    controls = {n: c[0] for n in arms if (c := control_of(n))}
+    return plots.plot_curves(panels, out_path, controls=controls)
+
+
+def main(argv: list[str]) -> int:
+    del argv
     try:
         panels = read_panels(_STUDY.value)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from rcgrpo_jax.rl.arms import control_of
-
-    arms = {n for curves in panels.values() for n in curves}
-    controls = {n: c[0] for n in arms if (c := control_of(n))}
-    out = plots.plot_curves(panels, _OUT.value, controls=controls)
+    out = draw(panels, _OUT.value)
     print(f"wrote {out}")
     return 0
 

@@ -466,10 +466,9 @@ def main(argv: list[str]) -> int:
     (workdir / "seeds.json").write_text(json.dumps({"runs": per_run, **agg}, indent=1) + "\n")
     (workdir / "seeds.txt").write_text(report + "\n")
     if any(agg["curves"].values()):  # held-out success against trajectories, mean and band
-        from rcgrpo_jax.train import plots
+        from rcgrpo_jax.tools import curves
 
-        controls = {n: c[0] for n in agg["curves"] if (c := control_of(n))}
-        plots.plot_curves({workdir.name: agg["curves"]}, workdir / "curves.png", controls=controls)
+        curves.draw({workdir.name: agg["curves"]}, workdir / "curves.png")
     # the study's page: intervals, paired differences, curves with bands, each run's own page
     from rcgrpo_jax import report as page
     from rcgrpo_jax.config import base_config
