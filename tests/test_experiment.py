@@ -12,7 +12,7 @@ from rcgrpo_jax.rl import arms as arms_lib
 from rcgrpo_jax.rl.draws import reward_tokens_for, shuffled, token_draw
 from rcgrpo_jax.stages import all as experiment
 from rcgrpo_jax.stages.rl import evaluation_token
-from rcgrpo_jax.tools import seeds
+from rcgrpo_jax.tools import seed_stats, seeds
 
 
 def _rl(**kw) -> ml_collections.ConfigDict:
@@ -148,7 +148,7 @@ def _arms(base=0.0, sft=0.5, high=0.5, low=0.0, deg_g=0.9, deg_rc=0.3, final=0.6
 )
 def test_targets(change, failed):
     t = experiment.targets(_arms(**change))
-    assert {k for k in seeds.TARGETS if not t[k]} == failed
+    assert {k for k in seed_stats.TARGETS if not t[k]} == failed
     sft_start = change.get("sft", 0.5)
     assert t["moved"]["sft_grpo"] == pytest.approx(0.6 - sft_start)
     assert t["moved"]["rctp_grpo"] == pytest.approx(0.1)  # from RCTP's high-token success
@@ -181,7 +181,7 @@ def test_seed_table_counts_the_targets_of_stage_all():
     for i, v in enumerate(values):
         arms = _arms(sft=v, deg_rc=0.95 if i == 0 else 0.3, final=v + 0.1)
         per_seed[i] = {"arms": arms, "targets": experiment.targets(arms), "wall_s": 1.0}
-    agg = seeds.aggregate(per_seed)
+    agg = seed_stats.aggregate(per_seed)
     assert agg["targets_met"] == {
         "sft_in_band": 5, "rctp_controllable": 5, "rcgrpo_less_degenerate": 4
     }  # fmt: skip

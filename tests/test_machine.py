@@ -9,7 +9,7 @@ import pytest
 
 from rcgrpo_jax import machine
 from rcgrpo_jax.stages import all as experiment
-from rcgrpo_jax.tools import seeds
+from rcgrpo_jax.tools import seed_stats, seeds
 
 ZEN4 = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -83,12 +83,12 @@ def test_the_seed_report_says_which_runs_came_from_which_machine():
         "seed_0@avx2": {"arms": {**arms, "sft": {"heldout_success": 0.6}}, "targets": {},
                         "machine": _record(2, "--xla_cpu_max_isa=AVX2")},
     }  # fmt: skip
-    report = seeds.format_report(runs, seeds.aggregate(runs)).splitlines()
+    report = seeds.format_report(runs, seed_stats.aggregate(runs)).splitlines()
     assert f"machine: {machine.one_line(_record(2))} (seed_0, seed_1)" in report
     avx2 = machine.one_line(_record(2, "--xla_cpu_max_isa=AVX2"))
     assert f"machine: {avx2} (seed_0@avx2)" in report
     one = {"seed_0": runs["seed_0"]}
     assert (
         f"machine: {machine.one_line(_record(2))}"
-        in seeds.format_report(one, seeds.aggregate(one)).splitlines()
+        in seeds.format_report(one, seed_stats.aggregate(one)).splitlines()
     )

@@ -342,12 +342,15 @@ def _study_run(i: int) -> dict:
 
 
 def test_study_page_in_chromium(tmp_path, browser):
-    from rcgrpo_jax.tools.seeds import aggregate
+    from rcgrpo_jax.tools.seed_stats import aggregate, distinct
 
     runs = {f"seed_{i}": _study_run(i) for i in range(3)}
+    runs["seed_1@avx2"] = _study_run(1)  # a whole repeat
+    runs["seed_2@avx2"] = _study_run(2)
+    runs["seed_2@avx2"]["arms"]["sft_grpo"]["heldout_success"] = 0.1  # one arm repeats
     study = tmp_path / "study"
     study.mkdir()
-    (study / "seeds.json").write_text(json.dumps({"runs": runs, **aggregate(runs)}))
+    (study / "seeds.json").write_text(json.dumps({"runs": runs, **aggregate(*distinct(runs))}))
     report.build(write_fake_arm(study / "seed_0", iterations=1))  # one run has its own page
     _open(browser, report.build(study))
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
@@ -362,3 +365,5 @@ def test_study_page_in_chromium(tmp_path, browser):
     _tab(browser, "runs")
     links = browser.find_elements("css selector", "#runs a")
     assert [a.get_attribute("href").split("/")[-2:] for a in links] == [["seed_0", "report.html"]]
+    said = "seed_1@avx2 = seed_1; seed_2@avx2's rctp_rcgrpo = seed_2's"
+    assert said in browser.find_element("css selector", "#runs").text

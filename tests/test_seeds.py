@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from rcgrpo_jax.errors import UserError
-from rcgrpo_jax.tools import seeds
+from rcgrpo_jax.tools import seed_stats, seeds
 
 RL = ("sft_grpo", "sft_rcgrpo", "rctp_rcgrpo", "rctp_grpo", "sft_grpo_dynamic")
 
@@ -38,7 +38,10 @@ def _run(i: int, gain: float = 0.1) -> dict:
     start = {n: (0.6 if n.startswith("rctp") else 0.5) for n in RL}
     end = {n: start[n] + 0.01 * i for n in RL}
     end["rctp_rcgrpo"] += gain + 0.02 * (i % 2)
-    return _summary(start, end)
+    s = _summary(start, end)
+    for name in ("base", "sft", "rctp"):  # each run's stage 1 its own (as each seed's is)
+        s["arms"][name]["heldout_success"] += 0.001 * i
+    return s
 
 
 def _t(d: list[float]) -> float:
@@ -46,22 +49,22 @@ def _t(d: list[float]) -> float:
 
 
 def test_interval_is_the_student_t_half_width():
-    got = seeds.interval([0.25, 0.5, 0.375, 0.625, 0.5])
+    got = seed_stats.interval([0.25, 0.5, 0.375, 0.625, 0.5])
     # by hand: mean 0.45, sum of squares 0.08125, sd = sqrt(0.08125 / 4), t(0.975, 4) = 2.7764
     assert stats.t.ppf(0.975, 4) == pytest.approx(2.7764451, rel=1e-6)
     assert got["mean"] == pytest.approx(0.45) and got["n"] == 5
     assert got["ci95"] == pytest.approx(2.7764451 * np.sqrt(0.08125 / 4) / np.sqrt(5), rel=1e-6)
-    assert seeds.interval([0.3]) == {"mean": 0.3, "ci95": 0.0, "n": 1}
+    assert seed_stats.interval([0.3]) == {"mean": 0.3, "ci95": 0.0, "n": 1}
 
 
 def test_a_bit_identical_run_is_counted_once_and_named():
     runs = {"seed_0": _run(0), "seed_1": _run(1), "seed_1@avx2": _run(1), "seed_0@avx2": _run(2)}
     runs["seed_1@avx2"].update(wall_s=1.0, table="other")  # timing is not a result
     runs["seed_1@avx2"]["arms"]["sft_grpo"]["tokens_per_s"] = 9.0
-    kept, dropped = seeds.distinct(runs)
+    kept, dropped = seed_stats.distinct(runs)
     assert list(kept) == ["seed_0", "seed_1", "seed_0@avx2"]
-    assert dropped == [("seed_1@avx2", "seed_1")]
-    agg = seeds.aggregate(kept, dropped)
+    assert dropped == [seed_stats.Repeat("seed_1@avx2", "seed_1")]
+    agg = seed_stats.aggregate(kept, dropped)
     assert agg["arms"]["sft_grpo"]["heldout_success"]["n"] == 3
     report = seeds.format_report(runs, agg)
     assert "distinct runs: 3 (dropped: seed_1@avx2 is bit-identical to seed_1: counted once)" in (
@@ -70,10 +73,43 @@ def test_a_bit_identical_run_is_counted_once_and_named():
     assert "all three 3/3" in report and "seed_1@avx2 " in report  # the table keeps every run
 
 
+def test_a_repeated_arm_is_counted_once_and_pairs_with_it_are_left_out():
+    """Another compile that perturbed SFT but not RCTP: its RCTP arms are the first run's
+    again (one sample each), its SFT arms are new; a paired difference counts on that run only
+    where both arms are new (half a repeat is not an independent difference)."""
+    runs = {"seed_0": _run(0), "seed_1": _run(1), "seed_0@avx2": _run(0)}
+    avx2 = runs["seed_0@avx2"]["arms"]
+    avx2["sft"]["heldout_success"] = 0.45
+    avx2["sft_grpo"]["heldout_success"], avx2["sft_rcgrpo"]["heldout_success"] = 0.40, 0.45
+    avx2["sft_grpo_dynamic"]["heldout_success"] = 0.42
+    kept, dropped = seed_stats.distinct(runs)
+    repeated = ("base", "rctp", "rctp_rcgrpo", "rctp_grpo")
+    assert dropped == [seed_stats.Repeat("seed_0@avx2", "seed_0", repeated)]
+    assert list(kept) == list(runs) and set(kept["seed_0@avx2"]["arms"]).isdisjoint(repeated)
+    assert "rctp" in runs["seed_0@avx2"]["arms"]  # the input is left whole
+    other_seed = seed_stats.distinct({**runs, "seed_5": _run(0)})[1]  # the same numbers by
+    assert other_seed == dropped  # chance on another seed are another sample
+    agg = seed_stats.aggregate(kept, dropped)
+    assert agg["arms"]["rctp_rcgrpo"]["heldout_success"]["n"] == 2
+    assert agg["arms"]["sft_grpo"]["heldout_success"]["n"] == 3
+    # by hand: rctp_rcgrpo − sft_grpo is 0.70 − 0.50 on seed 0 and 0.73 − 0.51 on seed 1; the
+    # AVX2 run's rctp_rcgrpo repeats seed 0's, so that run has no such difference
+    row = agg["paired"]["final rctp_rcgrpo - sft_grpo"]
+    assert row["n"] == 2 and row["mean"] == pytest.approx(0.21)
+    assert row["ci95"] == pytest.approx(12.7062047 * 0.01, rel=1e-6)  # t(0.975, 1) · sd / √2
+    # sft_rcgrpo − sft_grpo: 0 on seeds 0 and 1, 0.45 − 0.40 on the AVX2 run (both arms new)
+    row = agg["paired"]["final sft_rcgrpo - sft_grpo"]
+    assert row["n"] == 3 and row["mean"] == pytest.approx(0.05 / 3)
+    assert agg["dropped"] == [["seed_0@avx2", "seed_0", list(repeated)]]
+    report = seeds.format_report(runs, agg)
+    said = "seed_0@avx2's base, rctp, rctp_rcgrpo, rctp_grpo bit-identical to seed_0's"
+    assert f"distinct runs: 3 (dropped: {said}: each counted once)" in report
+
+
 def test_paired_difference_is_the_mean_of_per_run_differences():
     runs = {f"seed_{i}": _run(i) for i in range(4)}
     del runs["seed_3"]["arms"]["rctp_grpo"]  # a run without one of the arms: not in that pair
-    paired = seeds.aggregate(runs)["paired"]
+    paired = seed_stats.aggregate(runs)["paired"]
     end = lambda s, n: s["arms"][n]["heldout_success"]
     d = [end(s, "rctp_rcgrpo") - end(s, "sft_grpo") for s in runs.values()]
     row = paired["final rctp_rcgrpo - sft_grpo"]
@@ -85,9 +121,9 @@ def test_paired_difference_is_the_mean_of_per_run_differences():
     assert row["mean"] == pytest.approx(np.mean(d)) and row["ci95"] == pytest.approx(_t(d))
     assert row["n"] == 3
     assert paired["change sft_rcgrpo - sft_grpo"]["verdict"] == "includes 0"  # all exactly 0
-    negative = seeds.aggregate({f"seed_{i}": _run(i, gain=-0.2) for i in range(4)})["paired"]
+    negative = seed_stats.aggregate({f"seed_{i}": _run(i, gain=-0.2) for i in range(4)})["paired"]
     assert negative["final rctp_rcgrpo - sft_grpo"]["verdict"] == "< 0"
-    assert seeds.aggregate({"seed_0": _run(0)})["paired"]["final rctp_rcgrpo - sft_grpo"][
+    assert seed_stats.aggregate({"seed_0": _run(0)})["paired"]["final rctp_rcgrpo - sft_grpo"][
         "verdict"
     ] == "n < 2"  # fmt: skip
 
@@ -105,7 +141,7 @@ def _with_controls(i: int, lr0_end: float = 0.6) -> dict:
 
 def test_shuffled_and_lr0_controls():
     runs = {f"seed_{i}": _with_controls(i) for i in range(3)}
-    paired = seeds.aggregate(runs)["paired"]
+    paired = seed_stats.aggregate(runs)["paired"]
     ch = lambda s, n: s["arms"][n]["heldout_success"] - s["arms"][n]["start_success"]
     d = [ch(s, "rctp_rcgrpo") - ch(s, "rctp_rcgrpo_shuffled") for s in runs.values()]
     row = paired["change rctp_rcgrpo - rctp_rcgrpo_shuffled"]
@@ -115,7 +151,7 @@ def test_shuffled_and_lr0_controls():
     assert (lr0["mean"], lr0["ci95"], lr0["max_abs"], lr0["n"]) == (0.0, 0.0, 0.0, 3)
     assert lr0["verdict"] == "= 0 exactly"
     runs["seed_2"] = _with_controls(2, lr0_end=0.6 + 1 / 32)  # one task flipped without training
-    lr0 = seeds.aggregate(runs)["paired"]["change rctp_rcgrpo_lr0"]
+    lr0 = seed_stats.aggregate(runs)["paired"]["change rctp_rcgrpo_lr0"]
     assert lr0["max_abs"] == pytest.approx(1 / 32) and lr0["verdict"] == "NOT 0: max |x| 3.1"
 
 
@@ -123,12 +159,12 @@ def test_older_summaries_start_at_end_minus_moved():
     start = {n: 0.5 for n in RL}
     old = {f"seed_{i}": _summary(start, {n: 0.5 + 0.05 * i for n in RL}, old=True) for i in (1, 2)}
     assert "start_success" not in old["seed_1"]["arms"]["sft_grpo"]
-    row = seeds.aggregate(old)["arms"]["sft_grpo"]
+    row = seed_stats.aggregate(old)["arms"]["sft_grpo"]
     assert row["start_success"]["mean"] == pytest.approx(0.5)
     assert row["change"]["mean"] == pytest.approx(0.075) and row["change"]["n"] == 2
-    mixed = seeds.aggregate({**old, "seed_0": _run(0)})  # older and newer runs together
+    mixed = seed_stats.aggregate({**old, "seed_0": _run(0)})  # older and newer runs together
     assert mixed["arms"]["sft_grpo"]["change"]["n"] == 3
-    assert "sft_grpo" in seeds.format_report(old, seeds.aggregate(old))
+    assert "sft_grpo" in seeds.format_report(old, seed_stats.aggregate(old))
 
 
 def test_read_runs_labels_the_pool(tmp_path):
@@ -162,8 +198,8 @@ def test_report_tables_and_record():
         for name, row in s["arms"].items():
             if "start_success" in row:
                 row.update(sampled_start=0.4, sampled_success=0.4 + 0.02 * len(name))
-    kept, dropped = seeds.distinct(runs)
-    agg = seeds.aggregate(kept, dropped)
+    kept, dropped = seed_stats.distinct(runs)
+    agg = seed_stats.aggregate(kept, dropped)
     assert agg["arms"]["sft_grpo"]["sampled_change"]["mean"] == pytest.approx(0.16)
     report = seeds.format_report(runs, agg)
     print(report)
@@ -175,7 +211,7 @@ def test_report_tables_and_record():
     assert blocks[2].splitlines()[0].startswith("paired")
     assert any(line.endswith("= 0 exactly") for line in blocks[2].splitlines())
     record = json.loads(json.dumps({"runs": runs, **agg}))
-    assert record["dropped"] == [["seed_1@avx2", "seed_1"]] and len(record["runs"]) == 4
+    assert record["dropped"] == [["seed_1@avx2", "seed_1", []]] and len(record["runs"]) == 4
 
 
 def _curve(budget: int, *points: tuple[int, float, int]) -> dict:
@@ -200,7 +236,7 @@ def test_curves_cost_and_paired_area_by_hand():
         "seed_0": _cost_run([0.5, 0.7, 0.7], [0.5, 0.6, 0.7], [0.5, 0.5, 0.6]),
         "seed_1": _cost_run([0.4, 0.6, 0.8], [0.4, 0.4, 0.6], [0.4, 0.4, 0.4]),
     }
-    agg = seeds.aggregate(runs)
+    agg = seed_stats.aggregate(runs)
     # the method's curve at each budget point: mean and t half-width over the two runs
     band = agg["curves"]["rctp_rcgrpo"]
     assert [r["point"] for r in band] == [0, 1, 2]

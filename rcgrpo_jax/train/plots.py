@@ -232,7 +232,7 @@ def curves_figure(
     controls: Mapping[str, str] | None = None,
 ):
     """Held-out success against trajectories generated, one panel per task set {title: {arm:
-    rows}}, one line per arm: each row (`tools.seeds.curve_bands`) a budget point with the
+    rows}}, one line per arm: each row (`tools.seed_stats.curve_bands`) a budget point with the
     runs' mean `rollouts`, `mean` success and `ci95` half-width. A real arm is its mean with its
     95% band, one colour per arm with its `_dynamic` twin (solid plain, dashed dynamic); a
     control (`controls`: {control arm: the arm it controls}) is a thin dotted line in its arm's

@@ -144,7 +144,9 @@ function runsView(D) {
     t.append(el("tr", {}, el("td", { class: "l", text: r.label }), el("td", { class: "l" }, link), el("td", { text: show(r.wall_s) })));
   }
   root.append(t);
-  if (D.dropped.length) root.append(el("div", { class: "muted", text: "bit-identical runs counted once: " + D.dropped.map((p) => p.join(" = ")).join("; ") }));
+  // [label, same as, arms]: no arms = the whole run repeats another
+  const repeat = ([run, same, arms]) => (arms && arms.length ? `${run}'s ${arms.join(", ")} = ${same}'s` : `${run} = ${same}`);
+  if (D.dropped.length) root.append(el("div", { class: "muted", text: "bit-identical results counted once: " + D.dropped.map(repeat).join("; ") }));
 }
 
 // ------------------------------------------------------------------ curves
