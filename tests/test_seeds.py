@@ -1,6 +1,6 @@
-"""tools.seeds on synthetic summaries (no training): the intervals against scipy's t quantile,
-bit-identical runs counted once, paired differences, the controls' rows, pooled labels and
-summaries older than the RL start's record."""
+"""tools.seeds and tools.seed_stats on synthetic summaries (no training): the intervals against
+scipy's t quantile, bit-identical runs and arms counted once, paired differences, the controls'
+rows, pooled labels and summaries older than the RL start's record."""
 
 from __future__ import annotations
 

@@ -20,6 +20,10 @@ Bit-identical results of one seed are one sample, counted once, and the report s
 whole run (a seed that another compile did not perturb) or one arm of a run (the other compile
 perturbed SFT but not RCTP, say). A paired difference or a rollout ratio counts on a run only
 where both of its arms are new samples there (half a repeat is not an independent difference).
+A new RL arm counts whole, its start figure included, even if its stage-1 model repeats (not met
+so far: every compile that perturbed an RL arm had perturbed its stage 1). The demo's targets
+are counted per distinct run as that run recorded them: whether a run met them is a fact about
+the run, not a sample of a statistic.
 """
 
 from __future__ import annotations
@@ -193,7 +197,9 @@ def cost(per_run: Runs, reference: str = BASELINE) -> dict[str, dict[str, Any]]:
     the budget is None), and reference's need over the arm's (> 1: the arm needed fewer).
     Summarised as how many runs reached (`at_start`: of them, how many at the start already,
     where a ratio is 0 or infinite), the mean need where reached, and the geometric mean of
-    the finite, positive ratios (a ratio's natural average) with their count `ratio_n`."""
+    the finite, positive ratios (a ratio's natural average) with their count `ratio_n`. A run
+    without the reference's curve (absent, or left out by `distinct` as a repeat) counts for no
+    arm."""
     per_arm: dict[str, dict[str, Any]] = {}
     for label, s in per_run.items():
         curves = _curves(s)
@@ -236,8 +242,9 @@ def paired_cost(vals: dict[Any, dict[str, dict[str, float]]]) -> dict[str, dict[
 
 
 def aggregate(per_run: Runs, dropped: Sequence[Repeat] = ()) -> dict[str, Any]:
-    """Per arm every value as mean ± 95% CI, the paired differences, and how many runs meet
-    each target, over the runs given (the caller passes `distinct`'s kept runs and repeats)."""
+    """Per arm every value as mean ± 95% CI, the paired differences, the curves and rollout
+    ratios, and how many runs met each target, over the runs given (the caller passes
+    `distinct`'s kept runs and its repeats)."""
     names = list(dict.fromkeys(n for s in per_run.values() for n in s["arms"]))
     vals = {label: {n: values(s, n) for n in s["arms"]} for label, s in per_run.items()}
     arms: dict[str, Any] = {}
