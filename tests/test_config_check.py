@@ -21,7 +21,8 @@ def test_every_declared_key_has_a_rule_and_every_rule_a_key():
 
 
 @pytest.mark.parametrize(
-    "name", ["tiny", "tiny_multiturn", "tiny_pretrain", "qwen7b", "llama8b", "qwen3_8b"]
+    "name",
+    ["tiny", "tiny_multiturn", "tiny_headroom", "tiny_pretrain", "qwen7b", "llama8b", "qwen3_8b"],
 )
 def test_shipped_configs_validate(name, tmp_path):
     c = shipped_config(name)
