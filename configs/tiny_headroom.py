@@ -1,8 +1,8 @@
 """The multi-turn set (`configs/tiny_multiturn.py`) with stage 1 stopped earlier: a warm start of
-600 steps instead of 1000, so that stage 1 ends less peaked. There SFT ends at 32.8-77.3% and
-3.1-16.4% of held-out tasks are solved by some but not all of 4 samples (the prompts on which a
-group can carry signal); with 600 warm-start steps, on seeds 0-4 under the default compile, SFT
-ends at 48.4-61.7% and 22.7-35.9% of held-out tasks are solved sometimes
+600 steps instead of 1000, so that stage 1 ends less peaked. With 1000 (seeds 0-4, both
+compiles) SFT ends at 32.8-77.3% and 3.1-16.4% of held-out tasks are solved by some but not all
+of 4 samples (the prompts on which a group can carry signal); with 600 (seeds 0-4, default
+compile) SFT ends at 48.4-61.7% and 22.7-35.9% of held-out tasks are solved sometimes
 (docs/experiments/tiny_default.md, "A stage 1 with headroom"). Everything else, the RL recipe
 included, is the multi-turn set's.
 
