@@ -3,9 +3,9 @@
 both compiles) SFT ends at 32.8-77.3% and 3.1-16.4% of held-out tasks are solved by some but not
 all of 4 samples (the prompts on which a group can carry signal). With 600, five initialisations
 on seed 0's task draw end SFT at 48.4-61.7% with 22.7-35.9% solved sometimes, but the study's
-seed 1 (its own task draw) ends SFT at 75.0% with 10.9%: a fixed-length warm start does not give
-headroom on every seed (docs/experiments/tiny_default.md, "A stage 1 with headroom"). Everything
-else, the RL recipe included, is the multi-turn set's.
+seeds 1 and 2 (each its own task draw) end SFT at 75.0% and 75.8% with 10.9% and 10.2%: a
+fixed-length warm start does not give headroom on every seed (docs/experiments/tiny_default.md,
+"A stage 1 with headroom"). Everything else, the RL recipe included, is the multi-turn set's.
 
     python -m rcgrpo_jax.main --config=configs/tiny_headroom.py
 """
