@@ -72,17 +72,13 @@ def main(argv=None) -> int:
     from rcgrpo_jax import host_memory
 
     host_memory.reexec([sys.executable, *sys.argv])
-    import importlib.util
-
     from suite import rl_batch
 
     from rcgrpo_jax import machine
+    from rcgrpo_jax.config import config_from_file
     from rcgrpo_jax.stages import setup
 
-    spec = importlib.util.spec_from_file_location("tiny", HERE.parent / "configs" / "tiny.py")
-    tiny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny)
-    config = tiny.get_config()
+    config = config_from_file(HERE.parent / "configs" / "tiny.py")
     if args.hidden:
         config.model.arch.hidden_size = args.hidden
         config.model.arch.intermediate_size = 4 * args.hidden

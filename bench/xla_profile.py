@@ -47,6 +47,7 @@ def _program(what: str):
     from steps import fresh_step
 
     from rcgrpo_jax import models
+    from rcgrpo_jax.config import config_from_file
     from rcgrpo_jax.train.optim import OptimConfig
     from rcgrpo_jax.train.state import make_train_step
 
@@ -98,15 +99,11 @@ def _program(what: str):
         step, state, _ = fresh_step(cfg, params, OptimConfig(lr=1e-5, total_steps=100))
         label = "fused RC-GRPO train step, 2 x 4 x 256 tokens, hidden 256, 4 layers"
     else:
-        import importlib.util
-
         from rcgrpo_jax.stages import setup
         from rcgrpo_jax.train.losses import make_sft_loss
 
-        spec = importlib.util.spec_from_file_location("tiny", HERE.parent / "configs" / "tiny.py")
-        tiny = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(tiny)
-        config = tiny.get_config()  # the demo's own model and stage-1 optimizer
+        # the demo's own model and stage-1 optimizer
+        config = config_from_file(HERE.parent / "configs" / "tiny.py")
         cfg, params = setup.model_from_config(config)
         steps = int(config.train.warm_start_steps)
         optim = OptimConfig.from_dict(config.train.optim.to_dict(), default_total_steps=steps)

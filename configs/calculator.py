@@ -11,16 +11,12 @@ trained at start-up:
     python -m rcgrpo_jax.main --config=configs/calculator.py --config.workdir=runs/calculator
 """
 
-import importlib.util
-from pathlib import Path
-
-_spec = importlib.util.spec_from_file_location("tiny", Path(__file__).with_name("tiny.py"))
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+from rcgrpo_jax.config import sibling_config
 
 
 def get_config():
-    c = _tiny.get_config()  # the model, its stage-1 optimizer and the RL recipe but its lr
+    # the model, its stage-1 optimizer and the RL recipe but its lr
+    c = sibling_config(__file__, "tiny")
     c.workdir = "runs/calculator"
     c.env.module = "examples.calculator_env"
     c.env.benchmark = "calculator"

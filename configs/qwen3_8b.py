@@ -8,16 +8,11 @@ remat, lengths and RL recipe. On v5p-16 the planner gives train / decode / prefi
 39.0 GiB per chip of 95 (`python -m rcgrpo_jax.tools.plan --config=configs/qwen3_8b.py`).
 """
 
-import importlib.util
-from pathlib import Path
-
-_spec = importlib.util.spec_from_file_location("llama8b", Path(__file__).with_name("llama8b.py"))
-_llama8b = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_llama8b)
+from rcgrpo_jax.config import sibling_config
 
 
 def get_config():
-    c = _llama8b.get_config()
+    c = sibling_config(__file__, "llama8b")
     c.model.hf_path = "/mnt/models/Qwen3-8B"
     c.model.chat_format = "qwen"
     return c

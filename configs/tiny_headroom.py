@@ -10,18 +10,11 @@ fixed-length warm start does not give headroom on every seed (docs/experiments/t
     python -m rcgrpo_jax.main --config=configs/tiny_headroom.py
 """
 
-import importlib.util
-from pathlib import Path
-
-_spec = importlib.util.spec_from_file_location(
-    "tiny_multiturn", Path(__file__).with_name("tiny_multiturn.py")
-)
-_multiturn = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_multiturn)
+from rcgrpo_jax.config import sibling_config
 
 
 def get_config():
-    c = _multiturn.get_config()
+    c = sibling_config(__file__, "tiny_multiturn")
     # 400 steps left SFT below 20% for two of five initialisations (12.5%, 14.8%); 600 put all
     # five in the 20-80% band.
     c.train.warm_start_steps = 600

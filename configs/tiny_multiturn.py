@@ -6,16 +6,11 @@ turns. Everything else is `configs/tiny.py` (same model, stage 1, arms and RL re
     python -m rcgrpo_jax.main --config=configs/tiny_multiturn.py
 """
 
-import importlib.util
-from pathlib import Path
-
-_spec = importlib.util.spec_from_file_location("tiny", Path(__file__).with_name("tiny.py"))
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+from rcgrpo_jax.config import sibling_config
 
 
 def get_config():
-    c = _tiny.get_config()
+    c = sibling_config(__file__, "tiny")
     d = c.env.synthetic.difficulty
     d.turns = (2, 3)
     d.followup = 1.0  # every later turn is a follow-up on the previous turn's file

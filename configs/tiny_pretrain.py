@@ -8,22 +8,12 @@ sets for its own stages and arms is put back to the defaults, so this is the dem
 environment with the pretraining's data and schedule.
 """
 
-import importlib.util
-from pathlib import Path
-
-from rcgrpo_jax.config import base_config
+from rcgrpo_jax.config import base_config, sibling_config
 from rcgrpo_jax.envs.synthetic import PRETRAIN_TEMPLATES
 
 
-def _demo():
-    spec = importlib.util.spec_from_file_location("tiny", Path(__file__).with_name("tiny.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
-
-
 def get_config():
-    c, default = _demo(), base_config()
+    c, default = sibling_config(__file__, "tiny"), base_config()
     c.stage = "sft"
     for key in ("rl", "eval"):  # the demo's RL arms and evaluation are not pretraining's
         c[key] = default[key]

@@ -6,6 +6,9 @@ meaning next to it. Overrides: `--config.train.optim.lr=1e-6`.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import ml_collections
 
 STAGES = ("sft", "rctp", "grpo", "rcgrpo", "eval", "all")
@@ -277,6 +280,25 @@ def base_config() -> ml_collections.ConfigDict:
     c.logging.report_groups = -1
 
     return c
+
+
+def config_from_file(path: str | Path) -> ml_collections.ConfigDict:
+    """The `get_config()` of a config file, as `--config=<path>` builds it. Config files are
+    loaded by path, since `configs/` is a folder of files named on the command line, not a
+    package."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+    spec = importlib.util.spec_from_file_location(f"_rcgrpo_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def sibling_config(config_file: str | Path, name: str) -> ml_collections.ConfigDict:
+    """The config of `<name>.py` in `config_file`'s folder, for a config that changes only
+    what differs from another: `sibling_config(__file__, "tiny")`."""
+    return config_from_file(Path(config_file).with_name(f"{name}.py"))
 
 
 def bfcl_rl_recipe(c: ml_collections.ConfigDict) -> None:

@@ -50,12 +50,9 @@ TINY_VOCAB = 128
 
 def shipped_config(name: str):
     """`configs/<name>.py`'s `get_config()`, as `--config=configs/<name>.py` builds it."""
-    import importlib.util
+    from rcgrpo_jax.config import config_from_file
 
-    spec = importlib.util.spec_from_file_location(f"{name}_config", REPO / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return config_from_file(REPO / "configs" / f"{name}.py")
 
 
 def tiny_model_config(**overrides):

@@ -31,6 +31,19 @@ def test_shipped_configs_validate(name, tmp_path):
     config_check.validate(c)
 
 
+def test_sibling_config_is_its_parent_with_the_stated_changes(tmp_path):
+    """A config built on another (`sibling_config`) is that config's whole dict, and only what
+    the child sets differs; a name with no file is a one-line error naming the path."""
+    parent = shipped_config("tiny_multiturn")
+    child = config_lib.sibling_config(str(REPO / "configs" / "tiny_headroom.py"), "tiny_multiturn")
+    assert child.to_dict() == parent.to_dict()
+    headroom = config_check.flatten(shipped_config("tiny_headroom"))
+    changed = {k for k, v in config_check.flatten(parent).items() if headroom[k] != v}
+    assert changed == {"train.warm_start_steps"}
+    with pytest.raises(FileNotFoundError, match=r"config file '.*nope\.py' does not exist"):
+        config_lib.sibling_config(str(tmp_path / "mine.py"), "nope")
+
+
 def test_cross_key_rules():
     c = shipped_config("tiny")
     c.rl.minibatches = 3

@@ -11,20 +11,21 @@ script (not part of the package or the tests); the numbers in the README came fr
 """
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from transformers import PreTrainedTokenizerFast
 
 from rcgrpo_jax import models
+from rcgrpo_jax.config import config_from_file
 from rcgrpo_jax.data import store
 from rcgrpo_jax.envs import policies, prompts, synthetic
 from rcgrpo_jax.stages import setup
@@ -60,12 +61,7 @@ recs = [src[i] for i in range(len(src))]
 T = 128
 recs = [r for r in recs if len(r["tokens"]) <= T]
 
-spec = importlib.util.spec_from_file_location(
-    "tiny", str(__import__("pathlib").Path(__file__).resolve().parents[2] / "configs" / "tiny.py")
-)
-m = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(m)
-c = m.get_config()
+c = config_from_file(Path(__file__).resolve().parents[2] / "configs" / "tiny.py")
 test = []
 for e in setup.task_entries(c, "test")[:32]:
     ids, mask = prompts.render_with_mask(tok, synthetic.play(e, policies.ground_truth).messages)

@@ -13,11 +13,11 @@ the train split). An ad-hoc probe behind docs/experiments/tiny_default.md (not i
 
 import argparse
 import collections
-import importlib.util
 
 import numpy as np
 
 from rcgrpo_jax import logs
+from rcgrpo_jax.config import config_from_file
 from rcgrpo_jax.envs.reward_tokens import HIGH, LOW, NONE
 from rcgrpo_jax.rl.rollout import RolloutSettings, collect
 from rcgrpo_jax.stages import setup
@@ -46,10 +46,7 @@ def main() -> None:
     ap.add_argument("--config", default="configs/tiny.py")
     a = ap.parse_args()
     logs.configure(verbose=False)
-    spec = importlib.util.spec_from_file_location("c", a.config)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
+    c = config_from_file(a.config)
     c.workdir, c.seed, c.tokenizer_path = "/tmp/pass_rates", a.seed, ""
     c.env.synthetic.seed, c.env.synthetic.num_rl = a.seed, a.num_rl
     s = setup.with_reward_tokens(setup.start(c, a.export))

@@ -8,20 +8,17 @@ far, stage 1 stays at 0%: the stage-1 and RL settings below are the untried firs
 the demo family it is made for, no warm start, fine-tuning rates, a longer RL budget.
 """
 
-import importlib.util
 from pathlib import Path
 
 from rcgrpo_jax import assets
+from rcgrpo_jax.config import config_from_file
 from rcgrpo_jax.envs.synthetic import BASE_DEMO_TEMPLATES
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.py"
 
 
 def get_config():
-    spec = importlib.util.spec_from_file_location("tiny", TINY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
+    c = config_from_file(TINY)
     c.model.hf_path = str(assets.TINY_INSTRUCT)
     c.env.synthetic.num_test = 64
     c.env.synthetic.difficulty.templates = BASE_DEMO_TEMPLATES

@@ -7,23 +7,20 @@ rendered with the export's tokenizer. `config` (default configs/tiny.py) supplie
 the environment. An ad-hoc probe behind docs/experiments/tiny_default.md (not in the tests).
 """
 
-import importlib.util
 import sys
 
 import jax
 import numpy as np
 
 from rcgrpo_jax import logs, models
+from rcgrpo_jax.config import config_from_file
 from rcgrpo_jax.envs import policies, prompts, synthetic
 from rcgrpo_jax.stages import setup
 
 logs.configure(verbose=False)
 export, template = sys.argv[1], sys.argv[2]
 config_file = sys.argv[3] if len(sys.argv) > 3 else "configs/tiny.py"
-spec = importlib.util.spec_from_file_location("c", config_file)
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-c = module.get_config()
+c = config_from_file(config_file)
 c.model.hf_path, c.tokenizer_path = export, ""
 tokenizer = setup.tokenizer_from_config(c)
 cfg, params = models.load_hf(export)
