@@ -164,6 +164,14 @@ def base_config() -> ml_collections.ConfigDict:
     # continuing from that one model, as the paper's arms share one instruct model
     # (`stages/all.py`, `configs/tiny.py`); 0 = both start from the base.
     c.train.warm_start_steps = 0
+    # Stage `all`: a warm start that stops on a measured quantity, warm_start_steps its cap (and
+    # its learning-rate schedule's length). Every `every` steps, the mean success of `samples`
+    # rollouts (eval.sample_temperature) on each of the first `entries` training tasks; the warm
+    # start stops at the first check that reaches `level` (0 = off: all warm_start_steps). Only
+    # training tasks are measured, so the rule never sees a held-out result.
+    c.train.warm_start_stop = ml_collections.ConfigDict(
+        {"level": 0.0, "every": 50, "entries": 64, "samples": 4}
+    )
     c.train.batch_size = 8  # packed rows per step (global)
     c.train.seq_len = 4096  # row length; examples are packed, never split
     c.train.checkpoint_every = 100

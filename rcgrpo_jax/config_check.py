@@ -295,6 +295,10 @@ RULES: dict[str, Rule] = {
     "rctp.train_steps": integer(0),
     "train.steps": integer(0),
     "train.warm_start_steps": integer(0),
+    "train.warm_start_stop.level": number(0.0, 1.0),
+    "train.warm_start_stop.every": integer(1),
+    "train.warm_start_stop.entries": integer(1),
+    "train.warm_start_stop.samples": integer(1),
     "train.batch_size": integer(1),
     "train.seq_len": integer(2),
     "train.checkpoint_every": integer(1),
@@ -371,6 +375,11 @@ def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
     need = None if c.model.hf_path else qkv_bias_mismatch(a.family, a.qkv_bias)
     if need:  # HF export would refuse it, after training
         yield _fail("model.arch.qkv_bias", a.qkv_bias, f"{need}, as HF export requires")
+    if c.train.warm_start_stop.level > 0 and not (c.stage == "all" and c.train.warm_start_steps):
+        yield _fail(
+            "train.warm_start_stop.level", c.train.warm_start_stop.level,
+            "0 unless stage all runs a warm start (train.warm_start_steps > 0, its cap)",
+        )  # fmt: skip
     if c.stage in RL_STAGES:
         if c.rl.group_size < 2:
             yield _fail("rl.group_size", c.rl.group_size, f"an integer >= 2 for stage {c.stage}")

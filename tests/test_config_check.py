@@ -56,6 +56,12 @@ def test_cross_key_rules():
     c.stage = "rcgrpo"
     with pytest.raises(UserError, match="rl.group_size=1: expected an integer >= 2"):
         config_check.validate(c)
+    c = shipped_config("tiny")  # stage all, a warm start: the stopping rule applies
+    c.train.warm_start_stop.level = 0.3
+    config_check.validate(c)
+    c.train.warm_start_steps = 0  # nothing for it to stop
+    with pytest.raises(UserError, match=r"warm_start_stop.level=0.3: expected 0 unless stage all"):
+        config_check.validate(c)
 
 
 @pytest.mark.parametrize("family,bias", [("llama", True), ("qwen2", False), ("qwen3", True)])

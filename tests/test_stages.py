@@ -50,6 +50,11 @@ OVERRIDES = {
     "train.batch_size": 4,
     "train.checkpoint_every": 2,
     "train.warm_start_steps": 2,
+    # the warm start's stopping rule, checked once (step 1) on 4 training tasks
+    "train.warm_start_stop.level": 0.5,
+    "train.warm_start_stop.every": 1,
+    "train.warm_start_stop.entries": 4,
+    "train.warm_start_stop.samples": 2,
     "rctp.train_steps": 0,  # RCTP takes train.steps too
     "rctp.eval_entries": 4,
     "rl.steps": 2,
@@ -101,7 +106,12 @@ def test_stage1_outputs(run_all):
     config, summary = run_all
     root = Path(config.workdir)
     warm = json.loads((root / "warm_start" / "summary.json").read_text())
-    assert warm["steps"] == 2 and warm["init_from"] == ""  # from the random init
+    assert warm["init_from"] == ""  # from the random init
+    checks = warm["stop"]["checks"]  # the rule asked at step 1 (of the cap, 2)
+    assert [c["step"] for c in checks] == [1] and 0 <= checks[0]["sometimes"] <= 1
+    assert warm["stop"]["reached"] == (checks[0]["success"] >= 0.5)
+    assert warm["steps"] == (1 if warm["stop"]["reached"] else 2)
+    assert read_jsonl(root / "warm_start" / "stop_checks.jsonl") == checks
     for stage in ("sft", "rctp"):
         s = json.loads((root / stage / "summary.json").read_text())
         assert s["steps"] == config.train.steps and s["skipped_updates"] == 0
@@ -113,6 +123,31 @@ def test_stage1_outputs(run_all):
         data = s["data"]["train"]
         labels = {lab for counts in data.values() for lab, n in counts.items() if n}
         assert labels == ({"0", "1"} if stage == "rctp" else {"1"})  # SFT: high quality only
+
+
+def test_warm_start_stop_rule_checks_and_resumes(tmp_path):
+    """The stopping rule measures every `every` steps, stops at the first check that reaches
+    its level, and a stage resumed at step s keeps the checks made before s (the one at s is
+    made again, by the resumed loop)."""
+    import ml_collections
+
+    from rcgrpo_jax.stages import sft
+    from rcgrpo_jax.stages.eval import Success
+
+    rule = sft.StopRule(level=0.3, every=2, entries=4, samples=2)
+    rates = iter([0.1, 0.2, 0.35])
+    measure = lambda state: Success(rate=next(rates), by_kind={}, sometimes=0.5)  # noqa: E731
+    path = tmp_path / "stop_checks.jsonl"
+    until, checks = sft._stop_checks(rule, measure, path, resumed_at=0)
+    assert [until(step, None) for step in range(7)] == [False] * 6 + [True]
+    assert [(c["step"], c["success"]) for c in checks] == [(2, 0.1), (4, 0.2), (6, 0.35)]
+    rates = iter([0.25, 0.4])
+    until, checks = sft._stop_checks(rule, measure, path, resumed_at=4)
+    assert [c["step"] for c in checks] == [2]
+    assert until(4, None) is False and until(5, None) is False and until(6, None) is True
+    assert [r["step"] for r in read_jsonl(path)] == [2, 4, 6] and checks[-1]["success"] == 0.4
+    off = ml_collections.ConfigDict({"level": 0.0, "every": 1, "entries": 1, "samples": 1})
+    assert sft.StopRule.from_config(off) is None
 
 
 def test_every_stage_reports_its_wall_and_compile_time(run_all):

@@ -283,7 +283,7 @@ def test_train_loop_writes_metrics_and_resumes(tmp_path: Path, setup_124, host_p
     target = st.abstract_train_state(s.opt, models.param_shapes(CFG), s.shardings)
     fpt = flops.flops_per_token(CFG, ROW)
 
-    def run(num_steps):
+    def run(num_steps, until=None):
         it = _WeightedIter(iter(_loader()))
         ckpt = checkpoint.Checkpointer(tmp_path / "ckpt", save_every=2, keep=5)
         state, _ = loop.restore_or_init(ckpt, target, lambda: s.fresh(host_params), it)
@@ -299,6 +299,7 @@ def test_train_loop_writes_metrics_and_resumes(tmp_path: Path, setup_124, host_p
                 writer=w,
                 flops_per_token=fpt,
                 peak_flops=1e12,
+                until=until,
             )
         ckpt.close()
         return state, hist, ckpt.all_steps()
@@ -311,6 +312,12 @@ def test_train_loop_writes_metrics_and_resumes(tmp_path: Path, setup_124, host_p
     assert int(state.step) == 4 and [h["step"] for h in hist] == [1, 2, 3, 4]
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 4 and steps == [2, 3, 4]
+    asked = []
+    until = lambda step, state: asked.append(step) or step >= 5  # noqa: E731
+    state, hist, steps = run(8, until)  # stops before step 6, its checkpoint forced
+    assert int(state.step) == 5 and asked == [4, 5] and steps[-1] == 5
+    state, hist, steps = run(8, until)  # resumed at the stopping step: stops there again
+    assert int(state.step) == 5 and asked == [4, 5, 5] and len(hist) == 5
 
 
 def test_prepare_sees_the_whole_batch_before_the_microbatch_split():

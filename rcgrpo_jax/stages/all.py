@@ -281,9 +281,11 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         c.rctp.rollouts_per_entry = 0
         if not config.model.hf_path:  # a random base is trained whole; LoRA adapts the result
             c.model.lora.rank = 0
+        stop = sft.StopRule.from_config(config.train.warm_start_stop)
+        until = f", or until training success {stop.level:.0%}" if stop else ""
         s = _run_once(
-            c, functools.partial(sft.run, name="warm_start"),
-            f"{c.train.steps} steps on the golden trajectories",
+            c, functools.partial(sft.run, name="warm_start", stop=stop),
+            f"{c.train.steps} steps on the golden trajectories{until}",
         )  # fmt: skip
         arms["warm_start"] = _stage1_row(s)
         start = s["export"]

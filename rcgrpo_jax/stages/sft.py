@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,10 @@ from rcgrpo_jax.envs.reward_tokens import HIGH, LOW
 from rcgrpo_jax.errors import UserError
 from rcgrpo_jax.models.flops import flops_per_token
 from rcgrpo_jax.stages import setup
-from rcgrpo_jax.stages.eval import measure_success
+from rcgrpo_jax.stages.eval import Success, measure_success
 from rcgrpo_jax.train.loop import train_loop
 from rcgrpo_jax.train.losses import make_sft_loss
-from rcgrpo_jax.train.metrics import MetricsWriter
+from rcgrpo_jax.train.metrics import MetricsWriter, read_jsonl
 from rcgrpo_jax.train.state import make_train_step
 
 
@@ -178,8 +179,73 @@ def too_long_message(config: ml_collections.ConfigDict, length: int, workdir: Pa
     )
 
 
-def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
-    """Runs the stage; its end line starts with `name` (default: the stage's)."""
+@dataclass(frozen=True)
+class StopRule:
+    """Stop training at the first check whose measured success reaches `level`: every `every`
+    steps, the mean success of `samples` sampled rollouts on each of the first `entries`
+    training tasks (`train.warm_start_stop`)."""
+
+    level: float
+    every: int
+    entries: int
+    samples: int
+
+    @classmethod
+    def from_config(cls, c: ml_collections.ConfigDict) -> StopRule | None:
+        """The rule `c` (`train.warm_start_stop`) sets; None where its level is 0 (off)."""
+        if float(c.level) <= 0:
+            return None
+        return cls(float(c.level), int(c.every), int(c.entries), int(c.samples))
+
+
+def stop_when(
+    rule: StopRule,
+    measure: Callable[[Any], Success],
+    record: Callable[[dict[str, Any]], None],
+) -> Callable[[int, Any], bool]:
+    """`train_loop`'s `until` for `rule`: at every `rule.every`-th step (not step 0) measures
+    the state's success, hands {step, success, sometimes} to `record`, and says whether it
+    reached the level."""
+
+    def until(step: int, state: Any) -> bool:
+        if step == 0 or step % rule.every:
+            return False
+        m = measure(state)
+        record({"step": step, "success": m.rate, "sometimes": m.sometimes})
+        return m.rate >= rule.level
+
+    return until
+
+
+def _stop_checks(
+    rule: StopRule | None, measure: Callable[[Any], Success], path: Path, resumed_at: int
+) -> tuple[Callable[[int, Any], bool] | None, list[dict[str, Any]]]:
+    """`until` for `rule` (None without one) and the list its checks go to, each also appended
+    to `path`, so that a resumed stage keeps the checks made before `resumed_at` (the one at
+    that step is made again, by the resumed loop)."""
+    if rule is None:
+        return None, []
+    from rcgrpo_jax.distributed import is_main_process
+
+    checks = [r for r in read_jsonl(path) if r["step"] < resumed_at] if path.exists() else []
+    writes = is_main_process()  # every process measures; one writes
+    if writes:
+        path.write_text("".join(json.dumps(r) + "\n" for r in checks))
+
+    def record(row: dict[str, Any]) -> None:
+        checks.append(row)
+        if writes:
+            with path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    return stop_when(rule, measure, record), checks
+
+
+def run(
+    config: ml_collections.ConfigDict, name: str = "", stop: StopRule | None = None
+) -> dict[str, Any]:
+    """Runs the stage; its end line starts with `name` (default: the stage's). With `stop`,
+    training ends at the first check that reaches its level, `train.steps` being the cap."""
     stage = config.stage
     if stage not in ("sft", "rctp"):
         raise UserError(f"stages.sft runs stages sft/rctp, not {stage!r}")
@@ -215,6 +281,15 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
     data_iter = iter(loader)
     t = setup.training(config, train, s, int(train.steps), data_iter)
     cfg = t.cfg
+    tasks = setup.task_entries(config, "train")[: stop.entries] if stop else []
+    until, checks = _stop_checks(
+        stop,
+        lambda state: measure_success(
+            config, (cfg, t.policy(state)), t.tokenizer, t.mesh, tasks, None, stop.samples
+        ),
+        workdir / "stop_checks.jsonl",
+        int(t.state.step),
+    )
     step_fn = make_train_step(
         make_sft_loss(cfg), t.optimizer, mesh=t.mesh, shardings=t.shardings,
         grad_accum=t.optim.grad_accum, schedule=t.schedule, key=("sft", cfg, t.optim),
@@ -230,16 +305,26 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
         state, history = train_loop(
             step_fn, t.state, data_iter, int(train.steps), checkpointer=t.checkpointer,
             writer=writer, flops_per_token=flops_per_token(cfg, int(train.seq_len)),
-            peak_flops=float(train.peak_flops) or None,
+            peak_flops=float(train.peak_flops) or None, until=until,
         )  # fmt: skip
     t.checkpointer.close()
 
     summary: dict[str, Any] = {
-        "stage": stage, "steps": int(train.steps), "export": str(t.export_dir),
+        "stage": stage, "steps": int(state.step), "export": str(t.export_dir),
         "init_from": str(config.model.hf_path),  # "" = the random init
         "data": report["splits"], "final_loss": history[-1]["loss"] if history else None,
         "skipped_updates": int(state.skipped),
     }  # fmt: skip
+    stopped = ""
+    if stop is not None:  # the rule, its checks, and whether it stopped before the cap
+        reached = bool(checks) and checks[-1]["success"] >= stop.level
+        summary["stop"] = {**vars(stop), "checks": checks, "reached": reached}
+        last = f"{checks[-1]['success']:.1%}" if checks else "not measured"
+        stopped = (
+            f" (stopped at step {int(state.step)}: training success {last} >= {stop.level:.0%})"
+            if reached
+            else f" (ran to its cap: training success {last} < {stop.level:.0%})"
+        )
     line = f"{name or stage}: {int(state.step)} steps"
     n_eval = int(config.rctp.eval_entries)
     if n_eval:
@@ -257,5 +342,6 @@ def run(config: ml_collections.ConfigDict, name: str = "") -> dict[str, Any]:
             ", ".join(f"{k} {v:.1%}" for k, v in rates.items()) if rctp else f"{rates['none']:.1%}"
         )
         line = f"{name or stage}: held-out success {got} on {len(heldout)} entries"
+    line += stopped
     setup.finish(t, t.policy(state), summary, line)
     return summary

@@ -47,9 +47,12 @@ def train_loop(
     flops_per_token: float | None = None,
     peak_flops: float | None = None,
     on_step: Callable[[int, TrainState, dict[str, Any]], None] | None = None,
+    until: Callable[[int, TrainState], bool] | None = None,
 ) -> tuple[TrainState, list[dict[str, Any]]]:
-    """Runs from `state.step` to `num_steps`; returns the final state and the per-step records of
-    the whole run (a resumed run's earlier ones come from `writer.previous`).
+    """Runs from `state.step` to `num_steps`, or to the first step at which `until(step, state)`
+    holds (asked before each step, so a run resumed at that step stops there again); returns the
+    final state and the per-step records of the whole run (a resumed run's earlier ones come
+    from `writer.previous`).
 
     Step numbers in metrics/checkpoints are the state's step *after* the update (1-based), so a
     checkpoint at step s holds the iterator positioned at batch s. A final checkpoint is forced.
@@ -57,7 +60,7 @@ def train_loop(
     history = list(writer.previous) if writer is not None else []
     step = int(state.step)
     get_state = getattr(data_iter, "get_state", None)
-    while step < num_steps:
+    while step < num_steps and not (until is not None and until(step, state)):
         batch = next(data_iter)
         t0 = time.perf_counter()
         state, m = step_fn(state, batch)
