@@ -50,11 +50,6 @@ OVERRIDES = {
     "train.batch_size": 4,
     "train.checkpoint_every": 2,
     "train.warm_start_steps": 2,
-    # the warm start's stopping rule, checked once (step 1) on 4 training tasks
-    "train.warm_start_stop.level": 0.5,
-    "train.warm_start_stop.every": 1,
-    "train.warm_start_stop.entries": 4,
-    "train.warm_start_stop.samples": 2,
     "rctp.train_steps": 0,  # RCTP takes train.steps too
     "rctp.eval_entries": 4,
     "rl.steps": 2,
@@ -71,6 +66,15 @@ OVERRIDES = {
     "eval.max_entries": 4,
     "eval.samples": 2,
     "controls": "('shuffled','lr0')",
+}
+
+# the run below only (stage `all`; other stages refuse the rule): the warm start's stopping
+# rule, checked once (step 1) on 4 training tasks
+STOP_RULE = {
+    "train.warm_start_stop.level": 0.5,
+    "train.warm_start_stop.every": 1,
+    "train.warm_start_stop.entries": 4,
+    "train.warm_start_stop.samples": 2,
 }
 
 
@@ -90,7 +94,7 @@ def main(workdir, config: str = "configs/tiny.py", **extra) -> subprocess.Comple
 @pytest.fixture(scope="module")
 def run_all(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("all")
-    out = main(workdir)
+    out = main(workdir, **STOP_RULE)
     return SimpleNamespace(
         workdir=str(workdir),
         stdout=out.stdout,
@@ -350,11 +354,11 @@ def test_all_killed_in_a_middle_arm_resumes_exactly(run_all, tmp_path):
     )
     arm = workdir / "rctp_rcgrpo"
     # the arm's start evaluation is the first sampled one of this process, its end the second
-    events = run_killed_at(workdir, "sampled_eval:2")
+    events = run_killed_at(workdir, "sampled_eval:2", **STOP_RULE)  # the reference's config
     assert events.count(f"sampled_eval {OVERRIDES['eval.samples']}") == 2, events
     assert lines(arm / "metrics.jsonl") == 2  # the start and iteration 1 of 2
     assert not (arm / "summary.json").exists() and not (workdir / "rctp_grpo").exists()
-    main(workdir)
+    main(workdir, **STOP_RULE)
     assert (workdir / "table.txt").read_text() == (ref / "table.txt").read_text()
     summaries = [json.loads((d / "summary.json").read_text()) for d in (workdir, ref)]
     for s in summaries:
