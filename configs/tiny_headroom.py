@@ -5,7 +5,10 @@ all of 4 samples (the prompts on which a group can carry signal). With 600, five
 on seed 0's task draw end SFT at 48.4-61.7% with 22.7-35.9% solved sometimes, but the study's
 seeds 1 and 2 (each its own task draw) end SFT at 75.0% and 75.8% with 10.9% and 10.2%: a
 fixed-length warm start does not give headroom on every seed (docs/experiments/tiny_default.md,
-"A stage 1 with headroom"). Everything else, the RL recipe included, is the multi-turn set's.
+"A stage 1 with headroom"). Nor did a warm start stopped on training success
+(`train.warm_start_stop`, level 0.3: SFT's further steps take the headroom away; same file, "A
+warm start that stops on a measured quantity"). Everything else, the RL recipe included, is the
+multi-turn set's.
 
     python -m rcgrpo_jax.main --config=configs/tiny_headroom.py
 """

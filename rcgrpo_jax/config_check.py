@@ -375,10 +375,17 @@ def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
     need = None if c.model.hf_path else qkv_bias_mismatch(a.family, a.qkv_bias)
     if need:  # HF export would refuse it, after training
         yield _fail("model.arch.qkv_bias", a.qkv_bias, f"{need}, as HF export requires")
-    if c.train.warm_start_stop.level > 0 and not (c.stage == "all" and c.train.warm_start_steps):
+    stop = c.train.warm_start_stop
+    if stop.level > 0 and not (c.stage == "all" and c.train.warm_start_steps):
         yield _fail(
-            "train.warm_start_stop.level", c.train.warm_start_stop.level,
+            "train.warm_start_stop.level", stop.level,
             "0 unless stage all runs a warm start (train.warm_start_steps > 0, its cap)",
+        )  # fmt: skip
+    elif stop.level > 0 and stop.every >= c.train.warm_start_steps:
+        yield _fail(
+            "train.warm_start_stop.every", stop.every,
+            f"an integer < train.warm_start_steps={c.train.warm_start_steps} (the rule is "
+            "asked every `every` steps before the cap, not at it)",
         )  # fmt: skip
     if c.stage in RL_STAGES:
         if c.rl.group_size < 2:

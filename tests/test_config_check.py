@@ -32,16 +32,24 @@ def test_shipped_configs_validate(name, tmp_path):
 
 
 def test_sibling_config_is_its_parent_with_the_stated_changes(tmp_path):
-    """A config built on another (`sibling_config`) is that config's whole dict, and only what
-    the child sets differs; a name with no file is a one-line error naming the path."""
-    parent = shipped_config("tiny_multiturn")
-    child = config_lib.sibling_config(str(REPO / "configs" / "tiny_headroom.py"), "tiny_multiturn")
-    assert child.to_dict() == parent.to_dict()
-    headroom = config_check.flatten(shipped_config("tiny_headroom"))
-    changed = {k for k, v in config_check.flatten(parent).items() if headroom[k] != v}
-    assert changed == {"train.warm_start_steps"}
+    """A config built on another (`sibling_config(__file__, name)`) gets the config of the file
+    beside it, whole, and only what the child sets differs; a name with no file is a one-line
+    error naming the path."""
+    (tmp_path / "parent.py").write_text(
+        "from rcgrpo_jax.config import base_config\n\n\n"
+        "def get_config():\n    c = base_config()\n    c.seed = 7\n    return c\n"
+    )
+    (tmp_path / "child.py").write_text(
+        "from rcgrpo_jax.config import sibling_config\n\n\n"
+        "def get_config():\n    c = sibling_config(__file__, 'parent')\n"
+        "    c.rl.p_high = 0.25\n    return c\n"
+    )
+    parent = config_check.flatten(config_lib.config_from_file(tmp_path / "parent.py"))
+    child = config_check.flatten(config_lib.config_from_file(tmp_path / "child.py"))
+    assert parent["seed"] == 7 and child.keys() == parent.keys()
+    assert {k for k, v in parent.items() if child[k] != v} == {"rl.p_high"}
     with pytest.raises(FileNotFoundError, match=r"config file '.*nope\.py' does not exist"):
-        config_lib.sibling_config(str(tmp_path / "mine.py"), "nope")
+        config_lib.sibling_config(str(tmp_path / "child.py"), "nope")
 
 
 def test_cross_key_rules():
@@ -59,7 +67,14 @@ def test_cross_key_rules():
     c = shipped_config("tiny")  # stage all, a warm start: the stopping rule applies
     c.train.warm_start_stop.level = 0.3
     config_check.validate(c)
-    c.train.warm_start_steps = 0  # nothing for it to stop
+    c.train.warm_start_stop.every = c.train.warm_start_steps  # never asked before the cap
+    with pytest.raises(UserError, match=r"warm_start_stop.every=1000: expected an integer < "):
+        config_check.validate(c)
+    c.train.warm_start_stop.every = 50
+    c.stage = "sft"  # a stage without a warm start
+    with pytest.raises(UserError, match=r"warm_start_stop.level=0.3: expected 0 unless stage all"):
+        config_check.validate(c)
+    c.stage, c.train.warm_start_steps = "all", 0  # nothing for it to stop
     with pytest.raises(UserError, match=r"warm_start_stop.level=0.3: expected 0 unless stage all"):
         config_check.validate(c)
 

@@ -116,6 +116,11 @@ def test_stage1_outputs(run_all):
     assert warm["stop"]["reached"] == (checks[0]["success"] >= 0.5)
     assert warm["steps"] == (1 if warm["stop"]["reached"] else 2)
     assert read_jsonl(root / "warm_start" / "stop_checks.jsonl") == checks
+    end = [x for x in config.stdout.splitlines() if x.startswith("warm_start: held-out")]
+    outcome = "stopped at step 1" if warm["stop"]["reached"] else "ran to its cap, step 2"
+    assert len(end) == 1 and f"({outcome}: training success" in end[0], end
+    row = json.loads((root / "summary.json").read_text())["arms"]["warm_start"]
+    assert row["steps"] == warm["steps"] and row["stopped"] == warm["stop"]["reached"]
     for stage in ("sft", "rctp"):
         s = json.loads((root / stage / "summary.json").read_text())
         assert s["steps"] == config.train.steps and s["skipped_updates"] == 0
@@ -142,14 +147,27 @@ def test_warm_start_stop_rule_checks_and_resumes(tmp_path):
     rates = iter([0.1, 0.2, 0.35])
     measure = lambda state: Success(rate=next(rates), by_kind={}, sometimes=0.5)  # noqa: E731
     path = tmp_path / "stop_checks.jsonl"
-    until, checks = sft._stop_checks(rule, measure, path, resumed_at=0)
+    until, checks, log = sft._stop_checks(rule, measure, path, resumed_at=0)
     assert [until(step, None) for step in range(7)] == [False] * 6 + [True]
-    assert [(c["step"], c["success"]) for c in checks] == [(2, 0.1), (4, 0.2), (6, 0.35)]
+    log.close()
+    assert [(c["step"], c["success"], c["reached"]) for c in checks] == [
+        (2, 0.1, False), (4, 0.2, False), (6, 0.35, True),
+    ]  # fmt: skip
+    assert sft.stop_report(rule, checks, 6)[1] == (
+        " (stopped at step 6: training success 35.0% >= 30%)"
+    )
+    with path.open("a") as f:
+        f.write('{"step": 8, "succ')  # a line torn by a kill
     rates = iter([0.25, 0.4])
-    until, checks = sft._stop_checks(rule, measure, path, resumed_at=4)
+    until, checks, log = sft._stop_checks(rule, measure, path, resumed_at=4)
     assert [c["step"] for c in checks] == [2]
     assert until(4, None) is False and until(5, None) is False and until(6, None) is True
+    log.close()
     assert [r["step"] for r in read_jsonl(path)] == [2, 4, 6] and checks[-1]["success"] == 0.4
+    record, note = sft.stop_report(rule, checks[:2], 7)  # ran to a cap of 7 below the level
+    assert record["reached"] is False and record["level"] == 0.3 and len(record["checks"]) == 2
+    assert note == " (ran to its cap, step 7: training success 25.0% at step 4 < 30%)"
+    assert sft.stop_report(rule, [], 1)[1] == " (ran to its cap, step 1: never checked)"
     off = ml_collections.ConfigDict({"level": 0.0, "every": 1, "entries": 1, "samples": 1})
     assert sft.StopRule.from_config(off) is None
 

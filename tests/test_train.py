@@ -318,6 +318,8 @@ def test_train_loop_writes_metrics_and_resumes(tmp_path: Path, setup_124, host_p
     assert int(state.step) == 5 and asked == [4, 5] and steps[-1] == 5
     state, hist, steps = run(8, until)  # resumed at the stopping step: stops there again
     assert int(state.step) == 5 and asked == [4, 5, 5] and len(hist) == 5
+    state, hist, steps = run(6, lambda step, state: asked.append(step) or False)
+    assert int(state.step) == 6 and asked == [4, 5, 5, 5]  # not asked at num_steps
 
 
 def test_prepare_sees_the_whole_batch_before_the_microbatch_split():

@@ -1,6 +1,7 @@
 """Stage `all`: the paper's comparison end to end, every arm through the same code.
 
-    base (as loaded) [─▶ warm start: SFT steps shared by both stage-1 arms]
+    base (as loaded) [─▶ warm start: SFT steps shared by both stage-1 arms, a fixed number or
+                      until training success reaches a level (`train.warm_start_stop`)]
     SFT  ─▶ GRPO       (the baseline that stalls: peaked policy, σ_g → 0)
     SFT  ─▶ RC-GRPO    (conditioned sampling without RCTP: the model never learned the tokens)
     RCTP ─▶ RC-GRPO    (the method)
@@ -121,11 +122,15 @@ def _stage1_row(summary: dict[str, Any]) -> dict[str, Any]:
     """A stage-1 run's table row: held-out success (RCTP: under the high token) and, for RCTP,
     success under each reward token; per task kind under each."""
     got = summary.get("heldout_success", {})
+    # a warm start under a stopping rule: the steps it ran, whether the rule stopped it
+    stop = summary.get("stop")
+    stopped = {"steps": summary["steps"], "stopped": stop["reached"]} if stop else {}
     return {
         "heldout_success": got.get("none", got.get("high")),
         "success_high": got.get("high"),
         "success_low": got.get("low"),
         "kinds": summary.get("heldout_by_kind", {}),
+        **stopped,
     }
 
 
@@ -282,10 +287,10 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         if not config.model.hf_path:  # a random base is trained whole; LoRA adapts the result
             c.model.lora.rank = 0
         stop = sft.StopRule.from_config(config.train.warm_start_stop)
-        until = f", or until training success {stop.level:.0%}" if stop else ""
+        stop_note = f", or until training success {100 * stop.level:g}%" if stop else ""
         s = _run_once(
             c, functools.partial(sft.run, name="warm_start", stop=stop),
-            f"{c.train.steps} steps on the golden trajectories{until}",
+            f"{c.train.steps} steps on the golden trajectories{stop_note}",
         )  # fmt: skip
         arms["warm_start"] = _stage1_row(s)
         start = s["export"]

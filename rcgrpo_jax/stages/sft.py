@@ -13,6 +13,7 @@ for RCTP, its controllability is measured: held-out success under each reward to
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Any
 import jax
 import ml_collections
 
+from rcgrpo_jax import distributed
 from rcgrpo_jax.data import store
 from rcgrpo_jax.data.loader import train_loader
 from rcgrpo_jax.data.packing import ExampleTooLongError
@@ -43,7 +45,7 @@ from rcgrpo_jax.stages import setup
 from rcgrpo_jax.stages.eval import Success, measure_success
 from rcgrpo_jax.train.loop import train_loop
 from rcgrpo_jax.train.losses import make_sft_loss
-from rcgrpo_jax.train.metrics import MetricsWriter, read_jsonl
+from rcgrpo_jax.train.metrics import JsonlLog, MetricsWriter
 from rcgrpo_jax.train.state import make_train_step
 
 
@@ -204,41 +206,62 @@ def stop_when(
     record: Callable[[dict[str, Any]], None],
 ) -> Callable[[int, Any], bool]:
     """`train_loop`'s `until` for `rule`: at every `rule.every`-th step (not step 0) measures
-    the state's success, hands {step, success, sometimes} to `record`, and says whether it
-    reached the level."""
+    the state's success, hands {step, success, sometimes, reached, time_s} to `record`, and
+    says whether it reached the level."""
 
     def until(step: int, state: Any) -> bool:
         if step == 0 or step % rule.every:
             return False
+        t0 = time.perf_counter()
         m = measure(state)
-        record({"step": step, "success": m.rate, "sometimes": m.sometimes})
-        return m.rate >= rule.level
+        reached = m.rate >= rule.level
+        record({
+            "step": step, "success": m.rate, "sometimes": m.sometimes, "reached": reached,
+            "time_s": round(time.perf_counter() - t0, 3),
+        })  # fmt: skip
+        return reached
 
     return until
 
 
+def _level(rule: StopRule) -> str:
+    return f"{100 * rule.level:g}%"
+
+
+def stop_report(rule: StopRule, checks: list[dict[str, Any]], step: int) -> tuple[dict, str]:
+    """The summary's `stop` record (the rule, its checks, whether the last one reached the
+    level) and the end line's note, for a stage that ended at `step`."""
+    reached = bool(checks) and bool(checks[-1]["reached"])
+    if reached:
+        note = f" (stopped at step {step}: training success {checks[-1]['success']:.1%}"
+        note += f" >= {_level(rule)})"
+    elif checks:
+        last = checks[-1]
+        note = f" (ran to its cap, step {step}: training success {last['success']:.1%} at"
+        note += f" step {last['step']} < {_level(rule)})"
+    else:
+        note = f" (ran to its cap, step {step}: never checked)"
+    return {**vars(rule), "checks": checks, "reached": reached}, note
+
+
 def _stop_checks(
     rule: StopRule | None, measure: Callable[[Any], Success], path: Path, resumed_at: int
-) -> tuple[Callable[[int, Any], bool] | None, list[dict[str, Any]]]:
-    """`until` for `rule` (None without one) and the list its checks go to, each also appended
-    to `path`, so that a resumed stage keeps the checks made before `resumed_at` (the one at
-    that step is made again, by the resumed loop)."""
+) -> tuple[Callable[[int, Any], bool] | None, list[dict[str, Any]], JsonlLog | None]:
+    """`until` for `rule` (None without one), the list its checks go to, and the log that
+    process 0 appends each to (`path`; the others measure too, and write nothing). A stage
+    resumed at `resumed_at` keeps the checks made before it; the one at that step is made
+    again, by the resumed loop."""
     if rule is None:
-        return None, []
-    from rcgrpo_jax.distributed import is_main_process
-
-    checks = [r for r in read_jsonl(path) if r["step"] < resumed_at] if path.exists() else []
-    writes = is_main_process()  # every process measures; one writes
-    if writes:
-        path.write_text("".join(json.dumps(r) + "\n" for r in checks))
+        return None, [], None
+    log = JsonlLog(path, "step", resumed_at - 1) if distributed.is_main_process() else None
+    checks = list(log.previous) if log is not None else []
 
     def record(row: dict[str, Any]) -> None:
         checks.append(row)
-        if writes:
-            with path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+        if log is not None:
+            log.append(row)
 
-    return stop_when(rule, measure, record), checks
+    return stop_when(rule, measure, record), checks, log
 
 
 def run(
@@ -278,11 +301,16 @@ def run(
         )  # fmt: skip
     except ExampleTooLongError as e:
         raise UserError(too_long_message(config, e.length, workdir)) from None
+    tasks = setup.task_entries(config, "train")[: stop.entries] if stop else []
+    if stop and len(tasks) < stop.entries:
+        raise UserError(
+            f"config.train.warm_start_stop.entries={stop.entries}: the environment has "
+            f"{len(tasks)} training tasks to measure the rule on"
+        )
     data_iter = iter(loader)
     t = setup.training(config, train, s, int(train.steps), data_iter)
     cfg = t.cfg
-    tasks = setup.task_entries(config, "train")[: stop.entries] if stop else []
-    until, checks = _stop_checks(
+    until, checks, stop_log = _stop_checks(
         stop,
         lambda state: measure_success(
             config, (cfg, t.policy(state)), t.tokenizer, t.mesh, tasks, None, stop.samples
@@ -308,6 +336,8 @@ def run(
             peak_flops=float(train.peak_flops) or None, until=until,
         )  # fmt: skip
     t.checkpointer.close()
+    if stop_log is not None:
+        stop_log.close()
 
     summary: dict[str, Any] = {
         "stage": stage, "steps": int(state.step), "export": str(t.export_dir),
@@ -316,15 +346,8 @@ def run(
         "skipped_updates": int(state.skipped),
     }  # fmt: skip
     stopped = ""
-    if stop is not None:  # the rule, its checks, and whether it stopped before the cap
-        reached = bool(checks) and checks[-1]["success"] >= stop.level
-        summary["stop"] = {**vars(stop), "checks": checks, "reached": reached}
-        last = f"{checks[-1]['success']:.1%}" if checks else "not measured"
-        stopped = (
-            f" (stopped at step {int(state.step)}: training success {last} >= {stop.level:.0%})"
-            if reached
-            else f" (ran to its cap: training success {last} < {stop.level:.0%})"
-        )
+    if stop is not None:
+        summary["stop"], stopped = stop_report(stop, checks, int(state.step))
     line = f"{name or stage}: {int(state.step)} steps"
     n_eval = int(config.rctp.eval_entries)
     if n_eval:

@@ -50,7 +50,8 @@ def train_loop(
     until: Callable[[int, TrainState], bool] | None = None,
 ) -> tuple[TrainState, list[dict[str, Any]]]:
     """Runs from `state.step` to `num_steps`, or to the first step at which `until(step, state)`
-    holds (asked before each step, so a run resumed at that step stops there again); returns the
+    holds (asked before each step, so a run resumed at that step stops there again; not asked
+    at `num_steps`, where the run ends anyway); returns the
     final state and the per-step records of the whole run (a resumed run's earlier ones come
     from `writer.previous`).
 
