@@ -166,12 +166,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.warm_start_steps = 0
     # Stage `all`: a warm start that stops on a measured quantity, warm_start_steps its cap (and
     # its learning-rate schedule's length). Every `every` steps, the mean success of `samples`
-    # rollouts (eval.sample_temperature) on each of the first `entries` training tasks; the warm
-    # start stops at the first check that reaches `level` (0 = off: all warm_start_steps); the
-    # cap itself is not a check. Only training tasks are measured, so the rule never sees a
-    # held-out result. The checks: the warm start's stop_checks.jsonl and summary.json (`stop`).
+    # rollouts (eval.sample_temperature) on each of the first `entries` tasks of `split`; the
+    # warm start stops at the first check that reaches `level` (0 = off: all warm_start_steps);
+    # the cap itself is not a check. `split`: "train" (stage 1's own tasks) or "rl" (the
+    # synthetic environment's third split, over names neither stage 1 nor the held-out tasks
+    # use); never the held-out split, so the rule never sees a held-out result. The checks: the
+    # warm start's stop_checks.jsonl and summary.json (`stop`).
     c.train.warm_start_stop = ml_collections.ConfigDict(
-        {"level": 0.0, "every": 50, "entries": 64, "samples": 4}
+        {"level": 0.0, "every": 50, "entries": 64, "samples": 4, "split": "train"}
     )
     c.train.batch_size = 8  # packed rows per step (global)
     c.train.seq_len = 4096  # row length; examples are packed, never split

@@ -299,6 +299,7 @@ RULES: dict[str, Rule] = {
     "train.warm_start_stop.every": integer(1),
     "train.warm_start_stop.entries": integer(1),
     "train.warm_start_stop.samples": integer(1),
+    "train.warm_start_stop.split": choice(("train", "rl")),
     "train.batch_size": integer(1),
     "train.seq_len": integer(2),
     "train.checkpoint_every": integer(1),
@@ -418,10 +419,14 @@ def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
         yield _fail(
             "eval.max_new_tokens", c.eval.max_new_tokens, f"< eval.max_len={c.eval.max_len}"
         )
-    if c.stage in ("grpo", "rcgrpo", "all") and c.rl.prompt_split == "rl":
-        if c.env.benchmark != "synthetic" or not c.env.synthetic.num_rl:
+    rl_split = c.env.benchmark == "synthetic" and c.env.synthetic.num_rl > 0
+    for key, used, split in (
+        ("rl.prompt_split", c.stage in ("grpo", "rcgrpo", "all"), c.rl.prompt_split),
+        ("train.warm_start_stop.split", c.train.warm_start_stop.level > 0, stop.split),
+    ):
+        if used and split == "rl" and not rl_split:
             yield _fail(
-                "rl.prompt_split", c.rl.prompt_split,
+                key, split,
                 "'train' unless env.benchmark='synthetic' with env.synthetic.num_rl > 0 "
                 "(only the synthetic environment has an rl split)",
             )  # fmt: skip

@@ -71,6 +71,15 @@ def test_cross_key_rules():
     with pytest.raises(UserError, match=r"warm_start_stop.every=1000: expected an integer < "):
         config_check.validate(c)
     c.train.warm_start_stop.every = 50
+    c.train.warm_start_stop.split = "rl"  # unseen names: the synthetic third split
+    config_check.validate(c)
+    c.env.synthetic.num_rl, c.rl.prompt_split = 0, "train"  # no rl split now
+    with pytest.raises(UserError, match=r"warm_start_stop.split='rl': expected 'train' unless"):
+        config_check.validate(c)
+    c.train.warm_start_stop.split = "test"  # the held-out split is never measured
+    with pytest.raises(UserError, match=r"warm_start_stop.split='test': expected one of"):
+        config_check.validate(c)
+    c.train.warm_start_stop.split = "train"
     c.stage = "sft"  # a stage without a warm start
     with pytest.raises(UserError, match=r"warm_start_stop.level=0.3: expected 0 unless stage all"):
         config_check.validate(c)

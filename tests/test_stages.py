@@ -69,12 +69,13 @@ OVERRIDES = {
 }
 
 # the run below only (stage `all`; other stages refuse the rule): the warm start's stopping
-# rule, checked once (step 1) on 4 training tasks
+# rule, checked once (step 1) on 4 tasks of the rl split
 STOP_RULE = {
     "train.warm_start_stop.level": 0.5,
     "train.warm_start_stop.every": 1,
     "train.warm_start_stop.entries": 4,
     "train.warm_start_stop.samples": 2,
+    "train.warm_start_stop.split": "rl",
 }
 
 
@@ -118,7 +119,7 @@ def test_stage1_outputs(run_all):
     assert read_jsonl(root / "warm_start" / "stop_checks.jsonl") == checks
     end = [x for x in config.stdout.splitlines() if x.startswith("warm_start: held-out")]
     outcome = "stopped at step 1" if warm["stop"]["reached"] else "ran to its cap, step 2"
-    assert len(end) == 1 and f"({outcome}: training success" in end[0], end
+    assert len(end) == 1 and f"({outcome}: rl-split success" in end[0], end
     row = json.loads((root / "summary.json").read_text())["arms"]["warm_start"]
     assert row["steps"] == warm["steps"] and row["stopped"] == warm["stop"]["reached"]
     for stage in ("sft", "rctp"):
@@ -168,6 +169,10 @@ def test_warm_start_stop_rule_checks_and_resumes(tmp_path):
     assert record["reached"] is False and record["level"] == 0.3 and len(record["checks"]) == 2
     assert note == " (ran to its cap, step 7: training success 25.0% at step 4 < 30%)"
     assert sft.stop_report(rule, [], 1)[1] == " (ran to its cap, step 1: never checked)"
+    rl = sft.StopRule(level=0.125, every=2, entries=4, samples=2, split="rl")
+    assert sft.stop_report(rl, checks[:1], 2)[1] == (
+        " (ran to its cap, step 2: rl-split success 10.0% at step 2 < 12.5%)"
+    )
     off = ml_collections.ConfigDict({"level": 0.0, "every": 1, "entries": 1, "samples": 1})
     assert sft.StopRule.from_config(off) is None
 

@@ -1,7 +1,8 @@
 """Stage `all`: the paper's comparison end to end, every arm through the same code.
 
     base (as loaded) [─▶ warm start: SFT steps shared by both stage-1 arms, a fixed number or
-                      until training success reaches a level (`train.warm_start_stop`)]
+                      until sampled success on training or rl-split tasks reaches a level
+                      (`train.warm_start_stop`)]
     SFT  ─▶ GRPO       (the baseline that stalls: peaked policy, σ_g → 0)
     SFT  ─▶ RC-GRPO    (conditioned sampling without RCTP: the model never learned the tokens)
     RCTP ─▶ RC-GRPO    (the method)
@@ -287,7 +288,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         if not config.model.hf_path:  # a random base is trained whole; LoRA adapts the result
             c.model.lora.rank = 0
         stop = sft.StopRule.from_config(config.train.warm_start_stop)
-        stop_note = f", or until training success {100 * stop.level:g}%" if stop else ""
+        stop_note = f", or until {stop.measured} {stop.level_pct}" if stop else ""
         s = _run_once(
             c, functools.partial(sft.run, name="warm_start", stop=stop),
             f"{c.train.steps} steps on the golden trajectories{stop_note}",

@@ -184,20 +184,30 @@ def too_long_message(config: ml_collections.ConfigDict, length: int, workdir: Pa
 @dataclass(frozen=True)
 class StopRule:
     """Stop training at the first check whose measured success reaches `level`: every `every`
-    steps, the mean success of `samples` sampled rollouts on each of the first `entries`
-    training tasks (`train.warm_start_stop`)."""
+    steps, the mean success of `samples` sampled rollouts on each of the first `entries` tasks
+    of `split` ("train" or "rl", never the held-out split: `train.warm_start_stop`)."""
 
     level: float
     every: int
     entries: int
     samples: int
+    split: str = "train"
+
+    @property
+    def level_pct(self) -> str:
+        return f"{100 * self.level:g}%"
+
+    @property
+    def measured(self) -> str:
+        """What the rule measures, in words: "training success" or "rl-split success"."""
+        return "training success" if self.split == "train" else f"{self.split}-split success"
 
     @classmethod
     def from_config(cls, c: ml_collections.ConfigDict) -> StopRule | None:
         """The rule `c` (`train.warm_start_stop`) sets; None where its level is 0 (off)."""
         if float(c.level) <= 0:
             return None
-        return cls(float(c.level), int(c.every), int(c.entries), int(c.samples))
+        return cls(float(c.level), int(c.every), int(c.entries), int(c.samples), str(c.split))
 
 
 def stop_when(
@@ -224,21 +234,17 @@ def stop_when(
     return until
 
 
-def _level(rule: StopRule) -> str:
-    return f"{100 * rule.level:g}%"
-
-
 def stop_report(rule: StopRule, checks: list[dict[str, Any]], step: int) -> tuple[dict, str]:
     """The summary's `stop` record (the rule, its checks, whether the last one reached the
     level) and the end line's note, for a stage that ended at `step`."""
     reached = bool(checks) and bool(checks[-1]["reached"])
     if reached:
-        note = f" (stopped at step {step}: training success {checks[-1]['success']:.1%}"
-        note += f" >= {_level(rule)})"
+        note = f" (stopped at step {step}: {rule.measured} {checks[-1]['success']:.1%}"
+        note += f" >= {rule.level_pct})"
     elif checks:
         last = checks[-1]
-        note = f" (ran to its cap, step {step}: training success {last['success']:.1%} at"
-        note += f" step {last['step']} < {_level(rule)})"
+        note = f" (ran to its cap, step {step}: {rule.measured} {last['success']:.1%} at"
+        note += f" step {last['step']} < {rule.level_pct})"
     else:
         note = f" (ran to its cap, step {step}: never checked)"
     return {**vars(rule), "checks": checks, "reached": reached}, note
@@ -301,11 +307,11 @@ def run(
         )  # fmt: skip
     except ExampleTooLongError as e:
         raise UserError(too_long_message(config, e.length, workdir)) from None
-    tasks = setup.task_entries(config, "train")[: stop.entries] if stop else []
+    tasks = setup.task_entries(config, stop.split)[: stop.entries] if stop else []
     if stop and len(tasks) < stop.entries:
         raise UserError(
             f"config.train.warm_start_stop.entries={stop.entries}: the environment has "
-            f"{len(tasks)} training tasks to measure the rule on"
+            f"{len(tasks)} {stop.split}-split tasks to measure the rule on"
         )
     data_iter = iter(loader)
     t = setup.training(config, train, s, int(train.steps), data_iter)
