@@ -210,30 +210,6 @@ class StopRule:
         return cls(float(c.level), int(c.every), int(c.entries), int(c.samples), str(c.split))
 
 
-def stop_when(
-    rule: StopRule,
-    measure: Callable[[Any], Success],
-    record: Callable[[dict[str, Any]], None],
-) -> Callable[[int, Any], bool]:
-    """`train_loop`'s `until` for `rule`: at every `rule.every`-th step (not step 0) measures
-    the state's success, hands {step, success, sometimes, reached, time_s} to `record`, and
-    says whether it reached the level."""
-
-    def until(step: int, state: Any) -> bool:
-        if step == 0 or step % rule.every:
-            return False
-        t0 = time.perf_counter()
-        m = measure(state)
-        reached = m.rate >= rule.level
-        record({
-            "step": step, "success": m.rate, "sometimes": m.sometimes, "reached": reached,
-            "time_s": round(time.perf_counter() - t0, 3),
-        })  # fmt: skip
-        return reached
-
-    return until
-
-
 def stop_report(rule: StopRule, checks: list[dict[str, Any]], step: int) -> tuple[dict, str]:
     """The summary's `stop` record (the rule, its checks, whether the last one reached the
     level) and the end line's note, for a stage that ended at `step`."""
@@ -253,8 +229,10 @@ def stop_report(rule: StopRule, checks: list[dict[str, Any]], step: int) -> tupl
 def _stop_checks(
     rule: StopRule | None, measure: Callable[[Any], Success], path: Path, resumed_at: int
 ) -> tuple[Callable[[int, Any], bool] | None, list[dict[str, Any]], JsonlLog | None]:
-    """`until` for `rule` (None without one), the list its checks go to, and the log that
-    process 0 appends each to (`path`; the others measure too, and write nothing). A stage
+    """`train_loop`'s `until` for `rule` (None without one), the list of its checks, and the
+    log process 0 appends each check to (`path`; the others measure too, and write nothing).
+    At every `rule.every`-th step (not step 0) `until` measures the state's success, records
+    {step, success, sometimes, reached, time_s}, and says whether it reached the level. A stage
     resumed at `resumed_at` keeps the checks made before it; the one at that step is made
     again, by the resumed loop."""
     if rule is None:
@@ -262,12 +240,21 @@ def _stop_checks(
     log = JsonlLog(path, "step", resumed_at - 1) if distributed.is_main_process() else None
     checks = list(log.previous) if log is not None else []
 
-    def record(row: dict[str, Any]) -> None:
+    def until(step: int, state: Any) -> bool:
+        if step == 0 or step % rule.every:
+            return False
+        t0 = time.perf_counter()
+        m = measure(state)
+        row = {
+            "step": step, "success": m.rate, "sometimes": m.sometimes,
+            "reached": m.rate >= rule.level, "time_s": round(time.perf_counter() - t0, 3),
+        }  # fmt: skip
         checks.append(row)
         if log is not None:
             log.append(row)
+        return row["reached"]
 
-    return stop_when(rule, measure, record), checks, log
+    return until, checks, log
 
 
 def run(

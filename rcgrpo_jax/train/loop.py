@@ -51,9 +51,8 @@ def train_loop(
 ) -> tuple[TrainState, list[dict[str, Any]]]:
     """Runs from `state.step` to `num_steps`, or to the first step at which `until(step, state)`
     holds (asked before each step, so a run resumed at that step stops there again; not asked
-    at `num_steps`, where the run ends anyway); returns the
-    final state and the per-step records of the whole run (a resumed run's earlier ones come
-    from `writer.previous`).
+    at `num_steps`, where the run ends anyway). Returns the final state and the per-step records
+    of the whole run (a resumed run's earlier ones come from `writer.previous`).
 
     Step numbers in metrics/checkpoints are the state's step *after* the update (1-based), so a
     checkpoint at step s holds the iterator positioned at batch s. A final checkpoint is forced.
