@@ -69,13 +69,16 @@ OVERRIDES = {
 }
 
 # the run below only (stage `all`; other stages refuse the rule): the warm start's stopping
-# rule, checked once (step 1) on 4 tasks of the rl split
-STOP_RULE = {
+# rule, checked once (step 1) on 4 tasks of the rl split; SFT of 0 steps after the warm start
+# (its start exported and evaluated as it is), RCTP of 4
+ALL_RUN = {
     "train.warm_start_stop.level": 0.5,
     "train.warm_start_stop.every": 1,
     "train.warm_start_stop.entries": 4,
     "train.warm_start_stop.samples": 2,
     "train.warm_start_stop.split": "rl",
+    "train.steps": 0,
+    "rctp.train_steps": 4,
 }
 
 
@@ -95,12 +98,12 @@ def main(workdir, config: str = "configs/tiny.py", **extra) -> subprocess.Comple
 @pytest.fixture(scope="module")
 def run_all(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("all")
-    out = main(workdir, **STOP_RULE)
+    out = main(workdir, **ALL_RUN)
     return SimpleNamespace(
         workdir=str(workdir),
         stdout=out.stdout,
         stderr=out.stderr,
-        train=SimpleNamespace(steps=OVERRIDES["train.steps"]),
+        steps={"sft": ALL_RUN["train.steps"], "rctp": ALL_RUN["rctp.train_steps"]},
         rl=SimpleNamespace(
             num_prompts=OVERRIDES["rl.num_prompts"], group_size=OVERRIDES["rl.group_size"]
         ),
@@ -124,10 +127,16 @@ def test_stage1_outputs(run_all):
     assert row["steps"] == warm["steps"] and row["stopped"] == warm["stop"]["reached"]
     for stage in ("sft", "rctp"):
         s = json.loads((root / stage / "summary.json").read_text())
-        assert s["steps"] == config.train.steps and s["skipped_updates"] == 0
+        assert s["steps"] == config.steps[stage] and s["skipped_updates"] == 0
         assert s["init_from"] == warm["export"]  # both arms continue from the warm start
-        assert len(read_jsonl(root / stage / "metrics.jsonl")) == config.train.steps
+        assert len(read_jsonl(root / stage / "metrics.jsonl")) == config.steps[stage]
         cfg, params = models.load_hf(root / stage / "export")
+        start = models.load_hf(root / "warm_start" / "export")[1]
+        same = jax.tree_util.tree_map(np.array_equal, params, start)
+        # SFT of 0 steps exports its start as it is (and measures it as the warm start did)
+        assert all(jax.tree_util.tree_leaves(same)) == (stage == "sft")
+        if stage == "sft":
+            assert s["heldout_success"]["none"] == warm["heldout_success"]["none"]
         assert (root / stage / "export" / "tokenizer.json").exists()
         assert set(s["heldout_success"]) == ({"high", "low"} if stage == "rctp" else {"none"})
         data = s["data"]["train"]
@@ -377,11 +386,11 @@ def test_all_killed_in_a_middle_arm_resumes_exactly(run_all, tmp_path):
     )
     arm = workdir / "rctp_rcgrpo"
     # the arm's start evaluation is the first sampled one of this process, its end the second
-    events = run_killed_at(workdir, "sampled_eval:2", **STOP_RULE)  # the reference's config
+    events = run_killed_at(workdir, "sampled_eval:2", **ALL_RUN)  # the reference's config
     assert events.count(f"sampled_eval {OVERRIDES['eval.samples']}") == 2, events
     assert lines(arm / "metrics.jsonl") == 2  # the start and iteration 1 of 2
     assert not (arm / "summary.json").exists() and not (workdir / "rctp_grpo").exists()
-    main(workdir, **STOP_RULE)
+    main(workdir, **ALL_RUN)
     assert (workdir / "table.txt").read_text() == (ref / "table.txt").read_text()
     summaries = [json.loads((d / "summary.json").read_text()) for d in (workdir, ref)]
     for s in summaries:

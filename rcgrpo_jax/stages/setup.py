@@ -243,8 +243,9 @@ def training(
 ) -> Training:
     """The optimizer, shardings, checkpointer and (restored or fresh) state of a stage whose
     settings are `section` (config.train or config.rl: optim, checkpoint_every,
-    keep_checkpoints); `total_steps` optimizer updates are the schedule's default length. A
-    restored checkpoint's iterator position is set on `data_iter` (when given)."""
+    keep_checkpoints); `total_steps` optimizer updates are the schedule's default length (a
+    stage of 0 steps, which exports and evaluates its start as it is, still gets a schedule of
+    one). A restored checkpoint's iterator position is set on `data_iter` (when given)."""
     from rcgrpo_jax import models
     from rcgrpo_jax.models import lora
     from rcgrpo_jax.train.checkpoint import Checkpointer
@@ -252,7 +253,7 @@ def training(
     from rcgrpo_jax.train.optim import OptimConfig, make_optimizer, make_schedule
     from rcgrpo_jax.train.state import abstract_train_state, init_train_state, state_shardings
 
-    optim = OptimConfig.from_dict(section.optim.to_dict(), default_total_steps=total_steps)
+    optim = OptimConfig.from_dict(section.optim.to_dict(), default_total_steps=max(total_steps, 1))
     optimizer = make_optimizer(optim)
     cfg, params, frozen = s.cfg, s.params, None
     spec = lora_spec(config, s.tokenizer)
