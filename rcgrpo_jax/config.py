@@ -157,6 +157,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.rctp.min_per_label = 1
     c.rctp.eval_entries = 32  # held-out entries for the controllability report (0 = skip)
     c.rctp.train_steps = 0  # stage `all`: RCTP's train.steps (0 = train.steps, as SFT)
+    # Stage `all`: RCTP that stops once its reward tokens are learnt, its steps the cap. Checked
+    # as train.warm_start_stop is (every `every` steps, `samples` rollouts on each of the first
+    # `entries` tasks of `split`), under each token: RCTP stops at the first check where mean
+    # success under <|high_reward|> minus under <|low_reward|> reaches `level` (0 = off). The
+    # checks: rctp's stop_checks.jsonl and summary.json (`stop`).
+    c.rctp.stop = ml_collections.ConfigDict(
+        {"level": 0.0, "every": 50, "entries": 64, "samples": 4, "split": "train"}
+    )
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 1000

@@ -300,6 +300,11 @@ RULES: dict[str, Rule] = {
     "train.warm_start_stop.entries": integer(1),
     "train.warm_start_stop.samples": integer(1),
     "train.warm_start_stop.split": choice(("train", "rl")),
+    "rctp.stop.level": number(0.0, 1.0),
+    "rctp.stop.every": integer(1),
+    "rctp.stop.entries": integer(1),
+    "rctp.stop.samples": integer(1),
+    "rctp.stop.split": choice(("train", "rl")),
     "train.batch_size": integer(1),
     "train.seq_len": integer(2),
     "train.checkpoint_every": integer(1),
@@ -388,6 +393,15 @@ def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
             f"an integer < train.warm_start_steps={c.train.warm_start_steps} (the rule is "
             "asked every `every` steps before the cap, not at it)",
         )  # fmt: skip
+    rctp_stop, rctp_steps = c.rctp.stop, c.rctp.train_steps or c.train.steps
+    if rctp_stop.level > 0 and c.stage != "all":
+        yield _fail("rctp.stop.level", rctp_stop.level, "0 unless stage is all")
+    elif rctp_stop.level > 0 and rctp_stop.every >= rctp_steps:
+        yield _fail(
+            "rctp.stop.every", rctp_stop.every,
+            f"an integer < RCTP's steps ({rctp_steps}: rctp.train_steps, else train.steps; the "
+            "rule is asked every `every` steps before the cap, not at it)",
+        )  # fmt: skip
     if c.stage in RL_STAGES:
         if c.rl.group_size < 2:
             yield _fail("rl.group_size", c.rl.group_size, f"an integer >= 2 for stage {c.stage}")
@@ -423,6 +437,7 @@ def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
     for key, used, split in (
         ("rl.prompt_split", c.stage in ("grpo", "rcgrpo", "all"), c.rl.prompt_split),
         ("train.warm_start_stop.split", c.train.warm_start_stop.level > 0, stop.split),
+        ("rctp.stop.split", rctp_stop.level > 0, rctp_stop.split),
     ):
         if used and split == "rl" and not rl_split:
             yield _fail(

@@ -86,6 +86,23 @@ def test_cross_key_rules():
     c.stage, c.train.warm_start_steps = "all", 0  # nothing for it to stop
     with pytest.raises(UserError, match=r"warm_start_stop.level=0.3: expected 0 unless stage all"):
         config_check.validate(c)
+    c = shipped_config("tiny")  # RCTP's rule (the tokens learnt): stage all, below RCTP's cap
+    c.rctp.stop.level, c.rctp.stop.split = 0.2, "rl"
+    config_check.validate(c)
+    c.rctp.stop.every = c.rctp.train_steps
+    with pytest.raises(UserError, match=r"rctp.stop.every=300: expected an integer < RCTP's st"):
+        config_check.validate(c)
+    c.rctp.stop.every, c.rctp.train_steps = 50, 0  # RCTP then takes train.steps (200)
+    config_check.validate(c)
+    c.train.steps = 50
+    with pytest.raises(UserError, match=r"rctp.stop.every=50: expected an integer < RCTP's steps"):
+        config_check.validate(c)
+    c.train.steps, c.env.synthetic.num_rl, c.rl.prompt_split = 200, 0, "train"
+    with pytest.raises(UserError, match=r"rctp.stop.split='rl': expected 'train' unless"):
+        config_check.validate(c)
+    c.rctp.stop.split, c.stage = "train", "rctp"  # stage rctp alone: the rule is stage all's
+    with pytest.raises(UserError, match=r"rctp.stop.level=0.2: expected 0 unless stage is all"):
+        config_check.validate(c)
 
 
 @pytest.mark.parametrize("family,bias", [("llama", True), ("qwen2", False), ("qwen3", True)])

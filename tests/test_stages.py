@@ -68,9 +68,10 @@ OVERRIDES = {
     "controls": "('shuffled','lr0')",
 }
 
-# the run below only (stage `all`; other stages refuse the rule): the warm start's stopping
+# the run below only (stage `all`; other stages refuse the rules): the warm start's stopping
 # rule, checked once (step 1) on 4 tasks of the rl split; SFT of 0 steps after the warm start
-# (its start exported and evaluated as it is), RCTP of 4
+# (its start exported and evaluated as it is); RCTP of 4 steps at most, its rule (the token
+# gap) checked at step 2
 ALL_RUN = {
     "train.warm_start_stop.level": 0.5,
     "train.warm_start_stop.every": 1,
@@ -79,6 +80,11 @@ ALL_RUN = {
     "train.warm_start_stop.split": "rl",
     "train.steps": 0,
     "rctp.train_steps": 4,
+    "rctp.stop.level": 0.5,
+    "rctp.stop.every": 2,
+    "rctp.stop.entries": 4,
+    "rctp.stop.samples": 2,
+    "rctp.stop.split": "rl",
 }
 
 
@@ -103,7 +109,7 @@ def run_all(tmp_path_factory):
         workdir=str(workdir),
         stdout=out.stdout,
         stderr=out.stderr,
-        steps={"sft": ALL_RUN["train.steps"], "rctp": ALL_RUN["rctp.train_steps"]},
+        sft_steps=ALL_RUN["train.steps"],
         rl=SimpleNamespace(
             num_prompts=OVERRIDES["rl.num_prompts"], group_size=OVERRIDES["rl.group_size"]
         ),
@@ -125,11 +131,25 @@ def test_stage1_outputs(run_all):
     assert len(end) == 1 and f"({outcome}: rl-split success" in end[0], end
     row = json.loads((root / "summary.json").read_text())["arms"]["warm_start"]
     assert row["steps"] == warm["steps"] and row["stopped"] == warm["stop"]["reached"]
+    rctp = json.loads((root / "rctp" / "summary.json").read_text())
+    checks = rctp["stop"]["checks"]  # RCTP's rule asked at step 2 (of the cap, 4)
+    assert [c["step"] for c in checks] == [2] and checks[0]["gap"] == pytest.approx(
+        checks[0]["high"] - checks[0]["low"]
+    )
+    assert rctp["stop"]["reached"] == (checks[0]["gap"] >= 0.5)
+    assert rctp["steps"] == (2 if rctp["stop"]["reached"] else 4)
+    assert read_jsonl(root / "rctp" / "stop_checks.jsonl") == checks
+    end = [x for x in config.stdout.splitlines() if x.startswith("rctp: held-out")]
+    outcome = "stopped at step 2" if rctp["stop"]["reached"] else "ran to its cap, step 4"
+    assert len(end) == 1 and f"({outcome}: rl-split success high - low" in end[0], end
+    row = json.loads((root / "summary.json").read_text())["arms"]["rctp"]
+    assert row["steps"] == rctp["steps"] and row["stopped"] == rctp["stop"]["reached"]
     for stage in ("sft", "rctp"):
         s = json.loads((root / stage / "summary.json").read_text())
-        assert s["steps"] == config.steps[stage] and s["skipped_updates"] == 0
+        steps = rctp["steps"] if stage == "rctp" else config.sft_steps
+        assert s["steps"] == steps and s["skipped_updates"] == 0
         assert s["init_from"] == warm["export"]  # both arms continue from the warm start
-        assert len(read_jsonl(root / stage / "metrics.jsonl")) == config.steps[stage]
+        assert len(read_jsonl(root / stage / "metrics.jsonl")) == steps
         cfg, params = models.load_hf(root / stage / "export")
         start = models.load_hf(root / "warm_start" / "export")[1]
         same = jax.tree_util.tree_map(np.array_equal, params, start)
@@ -155,7 +175,13 @@ def test_warm_start_stop_rule_checks_and_resumes(tmp_path):
 
     rule = sft.StopRule(level=0.3, every=2, entries=4, samples=2)
     rates = iter([0.1, 0.2, 0.35])
-    measure = lambda state: Success(rate=next(rates), by_kind={}, sometimes=0.5)  # noqa: E731
+
+    def measure(state):  # the sampled success with no reward token
+        token_measure = lambda token: Success(  # noqa: E731
+            rate=next(rates) if token is None else float("nan"), by_kind={}, sometimes=0.5
+        )
+        return sft.check_fields(rule, token_measure)
+
     path = tmp_path / "stop_checks.jsonl"
     until, checks, log = sft._stop_checks(rule, measure, path, resumed_at=0)
     assert [until(step, None) for step in range(7)] == [False] * 6 + [True]
@@ -184,6 +210,41 @@ def test_warm_start_stop_rule_checks_and_resumes(tmp_path):
     )
     off = ml_collections.ConfigDict({"level": 0.0, "every": 1, "entries": 1, "samples": 1})
     assert sft.StopRule.from_config(off) is None
+
+
+def test_rctp_stop_rule_measures_the_token_gap(tmp_path):
+    """RCTP's rule (`rctp.stop`) measures success under each reward token and stops at the
+    first check where high minus low reaches its level."""
+    import ml_collections
+
+    from rcgrpo_jax.envs.reward_tokens import HIGH, LOW
+    from rcgrpo_jax.stages import sft
+    from rcgrpo_jax.stages.eval import Success
+
+    c = ml_collections.ConfigDict(
+        {"level": 0.2, "every": 1, "entries": 4, "samples": 2, "split": "rl"}
+    )
+    rule = sft.StopRule.from_config(c, "token_gap")
+    assert (rule.key, rule.until_note) == ("gap", ", or until rl-split success high - low 20%")
+    rates, asked = {HIGH: iter([0.5, 0.75]), LOW: iter([0.5, 0.25])}, []
+
+    def measure(state):
+        def token_measure(token):
+            asked.append(token)
+            return Success(rate=next(rates[token]), by_kind={}, sometimes=0.25)
+
+        return sft.check_fields(rule, token_measure)
+
+    until, checks, log = sft._stop_checks(rule, measure, tmp_path / "checks.jsonl", 0)
+    assert [until(step, None) for step in range(3)] == [False, False, True]
+    log.close()
+    assert asked == [HIGH, LOW, HIGH, LOW]
+    got = [(r["step"], r["gap"], r["high"], r["low"], r["sometimes"], r["reached"]) for r in checks]
+    assert got == [(1, 0.0, 0.5, 0.5, 0.25, False), (2, 0.5, 0.75, 0.25, 0.25, True)]
+    assert read_jsonl(tmp_path / "checks.jsonl") == checks
+    record, note = sft.stop_report(rule, checks, 2)
+    assert record["quantity"] == "token_gap" and record["reached"] is True
+    assert note == " (stopped at step 2: rl-split success high - low 50.0% >= 20%)"
 
 
 def test_every_stage_reports_its_wall_and_compile_time(run_all):

@@ -5,7 +5,8 @@
                       (`train.warm_start_stop`)]
     SFT  ─▶ GRPO       (the baseline that stalls: peaked policy, σ_g → 0)
     SFT  ─▶ RC-GRPO    (conditioned sampling without RCTP: the model never learned the tokens)
-    RCTP ─▶ RC-GRPO    (the method)
+    RCTP ─▶ RC-GRPO    (the method; RCTP may stop once high- minus low-token success on
+                        training or rl-split tasks reaches a level: `rctp.stop`)
     RCTP ─▶ GRPO       (RCTP without conditioned sampling: every rollout and the evaluation under
                         <|high_reward|>, so the groups get no injected variance)
     each plain (the paper's: one round of P × G rollouts per iteration) or `_dynamic` (DAPO's
@@ -123,7 +124,7 @@ def _stage1_row(summary: dict[str, Any]) -> dict[str, Any]:
     """A stage-1 run's table row: held-out success (RCTP: under the high token) and, for RCTP,
     success under each reward token; per task kind under each."""
     got = summary.get("heldout_success", {})
-    # a warm start under a stopping rule: the steps it ran, whether the rule stopped it
+    # a stage under a stopping rule (warm start, RCTP): the steps it ran, whether it stopped
     stop = summary.get("stop")
     stopped = {"steps": summary["steps"], "stopped": stop["reached"]} if stop else {}
     return {
@@ -288,7 +289,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         if not config.model.hf_path:  # a random base is trained whole; LoRA adapts the result
             c.model.lora.rank = 0
         stop = sft.StopRule.from_config(config.train.warm_start_stop)
-        stop_note = f", or until {stop.measured} {stop.level_pct}" if stop else ""
+        stop_note = stop.until_note if stop else ""
         s = _run_once(
             c, functools.partial(sft.run, name="warm_start", stop=stop),
             f"{c.train.steps} steps on the golden trajectories{stop_note}",
@@ -301,8 +302,12 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
             c.model.hf_path = start  # both stage-1 arms continue from the same model
         if stage == "rctp" and config.rctp.train_steps > 0:
             c.train.steps = int(config.rctp.train_steps)  # e.g. the same epochs over more data
-        what = f"{c.train.steps} steps from {'the warm start' if start else 'the base'}"
-        arms[stage] = _stage1_row(_run_once(c, functools.partial(sft.run, name=stage), what))
+        # RCTP may stop once its tokens are learnt (rctp.stop), its steps the cap
+        stop = sft.StopRule.from_config(config.rctp.stop, "token_gap") if stage == "rctp" else None
+        stop_note = stop.until_note if stop else ""
+        what = f"{c.train.steps} steps from {'the warm start' if start else 'the base'}{stop_note}"
+        run_stage = functools.partial(sft.run, name=stage, stop=stop)
+        arms[stage] = _stage1_row(_run_once(c, run_stage, what))
     arms_run = rl_arms(config)
     for arm in arms_run:
         init_from = str(workdir / arm.init / "export")

@@ -183,31 +183,51 @@ def too_long_message(config: ml_collections.ConfigDict, length: int, workdir: Pa
 
 @dataclass(frozen=True)
 class StopRule:
-    """Stop training at the first check whose measured success reaches `level`: every `every`
-    steps, the mean success of `samples` sampled rollouts on each of the first `entries` tasks
-    of `split` ("train" or "rl", never the held-out split: `train.warm_start_stop`)."""
+    """Stop training at the first check whose measured quantity reaches `level`: every `every`
+    steps, `samples` sampled rollouts on each of the first `entries` tasks of `split` ("train" or
+    "rl", never the held-out split). `quantity`: "success" (their mean success; the warm start's
+    `train.warm_start_stop`) or "token_gap" (mean success under <|high_reward|> minus under
+    <|low_reward|>: RCTP's `rctp.stop`, the tokens learnt)."""
 
     level: float
     every: int
     entries: int
     samples: int
     split: str = "train"
+    quantity: str = "success"
 
     @property
     def level_pct(self) -> str:
         return f"{100 * self.level:g}%"
 
     @property
+    def key(self) -> str:
+        """The check record's field the level applies to: "success" or "gap"."""
+        return "success" if self.quantity == "success" else "gap"
+
+    @property
     def measured(self) -> str:
-        """What the rule measures, in words: "training success" or "rl-split success"."""
-        return "training success" if self.split == "train" else f"{self.split}-split success"
+        """What the rule measures, in words: "training success", "rl-split success" or, for the
+        token gap, "rl-split success high - low"."""
+        where = "training" if self.split == "train" else f"{self.split}-split"
+        return f"{where} success" + ("" if self.quantity == "success" else " high - low")
+
+    @property
+    def until_note(self) -> str:
+        """The stage's start line's clause: ", or until rl-split success 30%"."""
+        return f", or until {self.measured} {self.level_pct}"
 
     @classmethod
-    def from_config(cls, c: ml_collections.ConfigDict) -> StopRule | None:
-        """The rule `c` (`train.warm_start_stop`) sets; None where its level is 0 (off)."""
+    def from_config(
+        cls, c: ml_collections.ConfigDict, quantity: str = "success"
+    ) -> StopRule | None:
+        """The rule `c` (`train.warm_start_stop`, `rctp.stop`) sets for `quantity`; None where
+        its level is 0 (off)."""
         if float(c.level) <= 0:
             return None
-        return cls(float(c.level), int(c.every), int(c.entries), int(c.samples), str(c.split))
+        return cls(
+            float(c.level), int(c.every), int(c.entries), int(c.samples), str(c.split), quantity
+        )
 
 
 def stop_report(rule: StopRule, checks: list[dict[str, Any]], step: int) -> tuple[dict, str]:
@@ -215,26 +235,43 @@ def stop_report(rule: StopRule, checks: list[dict[str, Any]], step: int) -> tupl
     level) and the end line's note, for a stage that ended at `step`."""
     reached = bool(checks) and bool(checks[-1]["reached"])
     if reached:
-        note = f" (stopped at step {step}: {rule.measured} {checks[-1]['success']:.1%}"
+        note = f" (stopped at step {step}: {rule.measured} {checks[-1][rule.key]:.1%}"
         note += f" >= {rule.level_pct})"
     elif checks:
         last = checks[-1]
-        note = f" (ran to its cap, step {step}: {rule.measured} {last['success']:.1%} at"
+        note = f" (ran to its cap, step {step}: {rule.measured} {last[rule.key]:.1%} at"
         note += f" step {last['step']} < {rule.level_pct})"
     else:
         note = f" (ran to its cap, step {step}: never checked)"
     return {**vars(rule), "checks": checks, "reached": reached}, note
 
 
+def check_fields(rule: StopRule, measure: Callable[[Any], Success]) -> dict[str, float]:
+    """One check's fields, from `measure(reward_token)` (a sampled measurement of the current
+    policy): success and the share of tasks solved sometimes or, for the token gap, the success
+    under each token, their difference and the share solved sometimes under the high one."""
+    if rule.quantity == "success":
+        m = measure(None)
+        return {"success": m.rate, "sometimes": m.sometimes}
+    high, low = measure(HIGH), measure(LOW)
+    return {
+        "gap": high.rate - low.rate, "high": high.rate, "low": low.rate,
+        "sometimes": high.sometimes,
+    }  # fmt: skip
+
+
 def _stop_checks(
-    rule: StopRule | None, measure: Callable[[Any], Success], path: Path, resumed_at: int
+    rule: StopRule | None,
+    measure: Callable[[Any], dict[str, float]],
+    path: Path,
+    resumed_at: int,
 ) -> tuple[Callable[[int, Any], bool] | None, list[dict[str, Any]], JsonlLog | None]:
     """`train_loop`'s `until` for `rule` (None without one), the list of its checks, and the
     log process 0 appends each check to (`path`; the others measure too, and write nothing).
-    At every `rule.every`-th step (not step 0) `until` measures the state's success, records
-    {step, success, sometimes, reached, time_s}, and says whether it reached the level. A stage
-    resumed at `resumed_at` keeps the checks made before it; the one at that step is made
-    again, by the resumed loop."""
+    At every `rule.every`-th step (not step 0) `until` measures the state (`measure(state)`:
+    the fields `check_fields` gives), records {step, fields..., reached, time_s}, and says
+    whether `rule.key` reached the level. A stage resumed at `resumed_at` keeps the checks made
+    before it; the one at that step is made again, by the resumed loop."""
     if rule is None:
         return None, [], None
     log = JsonlLog(path, "step", resumed_at - 1) if distributed.is_main_process() else None
@@ -244,10 +281,10 @@ def _stop_checks(
         if step == 0 or step % rule.every:
             return False
         t0 = time.perf_counter()
-        m = measure(state)
+        fields = measure(state)
         row = {
-            "step": step, "success": m.rate, "sometimes": m.sometimes,
-            "reached": m.rate >= rule.level, "time_s": round(time.perf_counter() - t0, 3),
+            "step": step, **fields, "reached": fields[rule.key] >= rule.level,
+            "time_s": round(time.perf_counter() - t0, 3),
         }  # fmt: skip
         checks.append(row)
         if log is not None:
@@ -297,19 +334,24 @@ def run(
     tasks = setup.task_entries(config, stop.split)[: stop.entries] if stop else []
     if stop and len(tasks) < stop.entries:
         raise UserError(
-            f"config.train.warm_start_stop.entries={stop.entries}: the environment has "
-            f"{len(tasks)} {stop.split}-split tasks to measure the rule on"
+            f"config.{'rctp.stop' if rctp else 'train.warm_start_stop'}.entries={stop.entries}: "
+            f"the environment has {len(tasks)} {stop.split}-split tasks to measure the rule on"
         )
     data_iter = iter(loader)
     t = setup.training(config, train, s, int(train.steps), data_iter)
     cfg = t.cfg
+
+    def check(state: Any) -> dict[str, float]:  # the rule's measurement of this state
+        model = (cfg, t.policy(state))
+        return check_fields(
+            stop,
+            lambda token: measure_success(
+                config, model, t.tokenizer, t.mesh, tasks, token, stop.samples
+            ),
+        )
+
     until, checks, stop_log = _stop_checks(
-        stop,
-        lambda state: measure_success(
-            config, (cfg, t.policy(state)), t.tokenizer, t.mesh, tasks, None, stop.samples
-        ),
-        workdir / "stop_checks.jsonl",
-        int(t.state.step),
+        stop, check, workdir / "stop_checks.jsonl", int(t.state.step)
     )
     step_fn = make_train_step(
         make_sft_loss(cfg), t.optimizer, mesh=t.mesh, shardings=t.shardings,
