@@ -1,14 +1,18 @@
-"""The multi-turn set (`configs/tiny_multiturn.py`) with stage 1 stopped earlier: a warm start of
-600 steps instead of 1000, so that stage 1 ends less peaked. With 1000 (the study's seeds 0-4,
-both compiles) SFT ends at 32.8-77.3% and 3.1-16.4% of held-out tasks are solved by some but not
-all of 4 samples (the prompts on which a group can carry signal). With 600, five initialisations
-on seed 0's task draw end SFT at 48.4-61.7% with 22.7-35.9% solved sometimes, but the study's
-seeds 1 and 2 (each its own task draw) end SFT at 75.0% and 75.8% with 10.9% and 10.2%: a
-fixed-length warm start does not give headroom on every seed (docs/experiments/tiny_default.md,
-"A stage 1 with headroom"). Nor did a warm start stopped on training success
-(`train.warm_start_stop`, level 0.3: SFT's further steps take the headroom away; same file, "A
-warm start that stops on a measured quantity"). Everything else, the RL recipe included, is the
-multi-turn set's.
+"""The multi-turn set (`configs/tiny_multiturn.py`) with a stage 1 that ends with headroom: a
+good share of held-out tasks solved by some samples but not all, after SFT and after RCTP, the
+prompts on which a group can carry signal. Both stage-1 ends are stopped on measured quantities
+of the synthetic `rl` split (names neither stage 1 nor the held-out tasks use), never on
+held-out results:
+
+- the warm start stops once sampled rl-split success reaches 30% (1000 steps at most), and SFT
+  is that warm start (no further steps: 200 more took the headroom away);
+- RCTP, from the same warm start, stops once sampled rl-split success under <|high_reward|>
+  minus under <|low_reward|> reaches 20 points (300 steps at most: at 300 it is peaked, at a
+  fixed 100 it had not learnt the tokens on three seeds of five).
+
+Probe 4 (docs/experiments/tiny_default.md): on the study's seeds 0-4, SFT 29.7-53.9% held-out
+with 31.2-48.4% of tasks solved sometimes, RCTP-high 33.6-53.9% solved sometimes. Everything
+else, the RL recipe included, is the multi-turn set's.
 
     python -m rcgrpo_jax.main --config=configs/tiny_headroom.py
 """
@@ -18,7 +22,9 @@ from rcgrpo_jax.config import sibling_config
 
 def get_config():
     c = sibling_config(__file__, "tiny_multiturn")
-    # 400 steps left SFT below 20% for two of five initialisations (12.5%, 14.8%); 600 put all
-    # five in the 20-80% band.
-    c.train.warm_start_steps = 600
+    warm = c.train.warm_start_stop
+    warm.level, warm.split = 0.3, "rl"  # every 50 steps, 64 tasks, 4 samples; cap 1000
+    c.train.steps = 0  # SFT = the warm start at its stop
+    rctp = c.rctp.stop
+    rctp.level, rctp.every, rctp.split = 0.2, 25, "rl"  # 64 tasks, 4 samples; cap 300
     return c
