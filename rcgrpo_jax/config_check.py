@@ -5,6 +5,8 @@ missing), and `CROSS_CHECKS` hold what involves several keys. `validate` raises 
 one line naming the key, its value and what is allowed, so a bad override costs seconds, not a
 stage of training. It runs before any backend starts: the tables it checks against (families,
 remat policies, objectives, ...) are imported from their modules, and nothing is compiled.
+It is long because it stays one module: the rules table and the cross-key checks are read
+together, one place that says what every key may be.
 """
 
 from __future__ import annotations
