@@ -116,34 +116,35 @@ def run_all(tmp_path_factory):
     ), None
 
 
+def stopped_stage(config, stage: str, key: str, at: int, cap: int, measured: str) -> dict:
+    """The summary of a stage of the `all` run under a stopping rule (level 0.5) asked once, at
+    step `at` of `cap`, after checking what the rule left: the check in the summary and in
+    stop_checks.jsonl, the steps run, the end line's note and the all-summary's row."""
+    root = Path(config.workdir)
+    summary = json.loads((root / stage / "summary.json").read_text())
+    checks = summary["stop"]["checks"]
+    assert [c["step"] for c in checks] == [at]
+    assert summary["stop"]["reached"] == (checks[0][key] >= 0.5)
+    assert summary["steps"] == (at if summary["stop"]["reached"] else cap)
+    assert read_jsonl(root / stage / "stop_checks.jsonl") == checks
+    end = [x for x in config.stdout.splitlines() if x.startswith(f"{stage}: held-out")]
+    reached = summary["stop"]["reached"]
+    outcome = f"stopped at step {at}" if reached else f"ran to its cap, step {cap}"
+    assert len(end) == 1 and f"({outcome}: {measured} " in end[0], end
+    row = json.loads((root / "summary.json").read_text())["arms"][stage]
+    assert row["steps"] == summary["steps"] and row["stopped"] == summary["stop"]["reached"]
+    return summary
+
+
 def test_stage1_outputs(run_all):
     config, summary = run_all
     root = Path(config.workdir)
-    warm = json.loads((root / "warm_start" / "summary.json").read_text())
+    warm = stopped_stage(config, "warm_start", "success", at=1, cap=2, measured="rl-split success")
     assert warm["init_from"] == ""  # from the random init
-    checks = warm["stop"]["checks"]  # the rule asked at step 1 (of the cap, 2)
-    assert [c["step"] for c in checks] == [1] and 0 <= checks[0]["sometimes"] <= 1
-    assert warm["stop"]["reached"] == (checks[0]["success"] >= 0.5)
-    assert warm["steps"] == (1 if warm["stop"]["reached"] else 2)
-    assert read_jsonl(root / "warm_start" / "stop_checks.jsonl") == checks
-    end = [x for x in config.stdout.splitlines() if x.startswith("warm_start: held-out")]
-    outcome = "stopped at step 1" if warm["stop"]["reached"] else "ran to its cap, step 2"
-    assert len(end) == 1 and f"({outcome}: rl-split success" in end[0], end
-    row = json.loads((root / "summary.json").read_text())["arms"]["warm_start"]
-    assert row["steps"] == warm["steps"] and row["stopped"] == warm["stop"]["reached"]
-    rctp = json.loads((root / "rctp" / "summary.json").read_text())
-    checks = rctp["stop"]["checks"]  # RCTP's rule asked at step 2 (of the cap, 4)
-    assert [c["step"] for c in checks] == [2] and checks[0]["gap"] == pytest.approx(
-        checks[0]["high"] - checks[0]["low"]
-    )
-    assert rctp["stop"]["reached"] == (checks[0]["gap"] >= 0.5)
-    assert rctp["steps"] == (2 if rctp["stop"]["reached"] else 4)
-    assert read_jsonl(root / "rctp" / "stop_checks.jsonl") == checks
-    end = [x for x in config.stdout.splitlines() if x.startswith("rctp: held-out")]
-    outcome = "stopped at step 2" if rctp["stop"]["reached"] else "ran to its cap, step 4"
-    assert len(end) == 1 and f"({outcome}: rl-split success high - low" in end[0], end
-    row = json.loads((root / "summary.json").read_text())["arms"]["rctp"]
-    assert row["steps"] == rctp["steps"] and row["stopped"] == rctp["stop"]["reached"]
+    assert 0 <= warm["stop"]["checks"][0]["sometimes"] <= 1
+    rctp = stopped_stage(config, "rctp", "gap", at=2, cap=4, measured="rl-split success high - low")
+    check = rctp["stop"]["checks"][0]
+    assert check["gap"] == pytest.approx(check["high"] - check["low"])
     for stage in ("sft", "rctp"):
         s = json.loads((root / stage / "summary.json").read_text())
         steps = rctp["steps"] if stage == "rctp" else config.sft_steps
