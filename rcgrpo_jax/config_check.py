@@ -297,16 +297,17 @@ RULES: dict[str, Rule] = {
     "rctp.train_steps": integer(0),
     "train.steps": integer(0),
     "train.warm_start_steps": integer(0),
-    "train.warm_start_stop.level": number(0.0, 1.0),
-    "train.warm_start_stop.every": integer(1),
-    "train.warm_start_stop.entries": integer(1),
-    "train.warm_start_stop.samples": integer(1),
-    "train.warm_start_stop.split": choice(("train", "rl")),
-    "rctp.stop.level": number(0.0, 1.0),
-    "rctp.stop.every": integer(1),
-    "rctp.stop.entries": integer(1),
-    "rctp.stop.samples": integer(1),
-    "rctp.stop.split": choice(("train", "rl")),
+    **{
+        f"{section}.{key}": rule
+        for section in ("train.warm_start_stop", "rctp.stop")  # stages/sft.StopRule's settings
+        for key, rule in (
+            ("level", number(0.0, 1.0)),
+            ("every", integer(1)),
+            ("entries", integer(1)),
+            ("samples", integer(1)),
+            ("split", choice(("train", "rl"))),
+        )
+    },  # fmt: skip
     "train.batch_size": integer(1),
     "train.seq_len": integer(2),
     "train.checkpoint_every": integer(1),
@@ -369,6 +370,22 @@ def _environment_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
         yield _fail("env.benchmark", c.env.benchmark, f"one of {', '.join(envs.names())}")
 
 
+def _stop_rule_checks(
+    section: str, rule: ml_collections.ConfigDict, applies: Any, where: str, cap: int, cap_name: str
+) -> Iterable[UserError]:
+    """A stopping rule (`section`: level, every, ...; stages/sft.StopRule) set where it cannot
+    act (`applies` false; `where` says where it can), or asked no sooner than its stage's `cap`
+    of steps (`cap_name`, then what sets it)."""
+    if rule.level > 0 and not applies:
+        yield _fail(f"{section}.level", rule.level, where)
+    elif rule.level > 0 and rule.every >= cap:
+        yield _fail(
+            f"{section}.every", rule.every,
+            f"an integer < {cap_name}={cap} (the rule is asked every `every` steps before the "
+            "cap, not at it)",
+        )  # fmt: skip
+
+
 def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
     """What involves several keys; yields the problems in the order a user would fix them."""
     from rcgrpo_jax.models.families import qkv_bias_mismatch
@@ -383,27 +400,16 @@ def _cross_checks(c: ml_collections.ConfigDict) -> Iterable[UserError]:
     need = None if c.model.hf_path else qkv_bias_mismatch(a.family, a.qkv_bias)
     if need:  # HF export would refuse it, after training
         yield _fail("model.arch.qkv_bias", a.qkv_bias, f"{need}, as HF export requires")
-    stop = c.train.warm_start_stop
-    if stop.level > 0 and not (c.stage == "all" and c.train.warm_start_steps):
-        yield _fail(
-            "train.warm_start_stop.level", stop.level,
-            "0 unless stage all runs a warm start (train.warm_start_steps > 0, its cap)",
-        )  # fmt: skip
-    elif stop.level > 0 and stop.every >= c.train.warm_start_steps:
-        yield _fail(
-            "train.warm_start_stop.every", stop.every,
-            f"an integer < train.warm_start_steps={c.train.warm_start_steps} (the rule is "
-            "asked every `every` steps before the cap, not at it)",
-        )  # fmt: skip
-    rctp_stop, rctp_steps = c.rctp.stop, c.rctp.train_steps or c.train.steps
-    if rctp_stop.level > 0 and c.stage != "all":
-        yield _fail("rctp.stop.level", rctp_stop.level, "0 unless stage is all")
-    elif rctp_stop.level > 0 and rctp_stop.every >= rctp_steps:
-        yield _fail(
-            "rctp.stop.every", rctp_stop.every,
-            f"an integer < RCTP's steps ({rctp_steps}: rctp.train_steps, else train.steps; the "
-            "rule is asked every `every` steps before the cap, not at it)",
-        )  # fmt: skip
+    stop, rctp_stop = c.train.warm_start_stop, c.rctp.stop
+    yield from _stop_rule_checks(
+        "train.warm_start_stop", stop, c.stage == "all" and c.train.warm_start_steps,
+        "0 unless stage all runs a warm start (train.warm_start_steps > 0, its cap)",
+        c.train.warm_start_steps, "train.warm_start_steps",
+    )  # fmt: skip
+    yield from _stop_rule_checks(
+        "rctp.stop", rctp_stop, c.stage == "all", "0 unless stage is all",
+        c.rctp.train_steps or c.train.steps, "RCTP's steps",  # rctp.train_steps, else train.steps
+    )  # fmt: skip
     if c.stage in RL_STAGES:
         if c.rl.group_size < 2:
             yield _fail("rl.group_size", c.rl.group_size, f"an integer >= 2 for stage {c.stage}")
